@@ -1,0 +1,215 @@
+"""Events: what the engine (or the user, through it) tells the core.
+
+Each event is a frozen attrs class with slots. User requests: ``Submit``, ``Supersede``,
+``Pause``, ``Unpause``, ``Cancel``. Engine observations: ``ParticipantStarted``, ``Receipt``,
+``FrameArrived``, ``PageAllocated``, ``WriteAttempted``, ``WriterClosed``, ``AdoptionReport``,
+``PageReused``. Field validation (ids, contexts) happens here, at construction, so a malformed
+event never reaches the state machine. What the core answers lives in ``commands``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from retire_core.contract import DEFAULT_CONTRACT, Contract
+from retire_core.ids import (
+    BlockKey,
+    FrameId,
+    PageId,
+    ParticipantId,
+    ScopeId,
+    TenantId,
+    Version,
+    check_context,
+    check_name,
+    check_number,
+)
+
+
+class FrameKind(enum.Enum):
+    TOKEN = "token"  # generated tokens on their way to the consumer
+    COMMIT = "commit"  # a scheduler step result about to be committed to request state
+    INSTALL = "install"  # transferred or inherited state about to be installed
+
+
+def _scope(_: object, __: object, v: str) -> None:
+    check_name(v, "scope")
+
+
+def _tenant(_: object, __: object, v: str) -> None:
+    check_name(v, "tenant")
+
+
+def _participant(_: object, __: object, v: str) -> None:
+    check_name(v, "participant")
+
+
+def _version(_: object, __: object, v: int) -> None:
+    check_number(v, "version")
+
+
+def _page(_: object, __: object, v: int) -> None:
+    check_number(v, "page")
+
+
+def _frame(_: object, __: object, v: int) -> None:
+    check_number(v, "frame")
+
+
+def _context(_: object, __: object, v: tuple[BlockKey, ...]) -> None:
+    check_context(v)
+
+
+@attrs.frozen(slots=True)
+class Submit:
+    """Open a scope at version 0 with its context (the prefix identity of each full block)."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    tenant: TenantId = attrs.field(validator=_tenant)
+    fingerprint: str = attrs.field(validator=attrs.validators.instance_of(str))
+    context: tuple[BlockKey, ...] = attrs.field(validator=_context)
+    contract: Contract = attrs.field(
+        default=DEFAULT_CONTRACT, validator=attrs.validators.instance_of(Contract)
+    )
+
+
+@attrs.frozen(slots=True)
+class Supersede:
+    """Revision: the scope moves to the next version with a revised context (ADVANCE)."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    context: tuple[BlockKey, ...] = attrs.field(validator=_context)
+    contract: Contract = attrs.field(
+        default=DEFAULT_CONTRACT, validator=attrs.validators.instance_of(Contract)
+    )
+
+
+@attrs.frozen(slots=True)
+class Pause:
+    scope: ScopeId = attrs.field(validator=_scope)
+
+
+@attrs.frozen(slots=True)
+class Unpause:
+    scope: ScopeId = attrs.field(validator=_scope)
+
+
+@attrs.frozen(slots=True)
+class Cancel:
+    scope: ScopeId = attrs.field(validator=_scope)
+
+
+@attrs.frozen(slots=True)
+class ParticipantStarted:
+    """The engine started a participant (request, cache group, rank) for a version."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    version: Version = attrs.field(validator=_version)
+    participant: ParticipantId = attrs.field(validator=_participant)
+
+
+@attrs.frozen(slots=True)
+class Receipt:
+    """A participant has closed: it will neither write nor emit any more."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    version: Version = attrs.field(validator=_version)
+    participant: ParticipantId = attrs.field(validator=_participant)
+
+
+@attrs.frozen(slots=True)
+class FrameArrived:
+    """A frame stamped (scope, version) reached a publication boundary."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    version: Version = attrs.field(validator=_version)
+    frame: FrameId = attrs.field(validator=_frame)
+    kind: FrameKind = attrs.field(validator=attrs.validators.instance_of(FrameKind))
+
+
+@attrs.frozen(slots=True)
+class PageAllocated:
+    """The engine gave page ``page`` to a participant, to hold block ``position`` of its context."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    version: Version = attrs.field(validator=_version)
+    participant: ParticipantId = attrs.field(validator=_participant)
+    page: PageId = attrs.field(validator=_page)
+    position: int = attrs.field(validator=_page)
+
+
+@attrs.frozen(slots=True)
+class WriteAttempted:
+    """A participant is about to write KV into a page (the isolation gate decides);
+    ``completes`` when this write fills the block."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    version: Version = attrs.field(validator=_version)
+    participant: ParticipantId = attrs.field(validator=_participant)
+    page: PageId = attrs.field(validator=_page)
+    completes: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+
+
+@attrs.frozen(slots=True)
+class WriterClosed:
+    """The page's writer closed at a safe boundary, with the digest of its bytes at that moment."""
+
+    page: PageId = attrs.field(validator=_page)
+    digest: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+
+@attrs.frozen(slots=True)
+class PageDigest:
+    page: PageId = attrs.field(validator=_page)
+    digest: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+
+@attrs.frozen(slots=True)
+class AdoptionReport:
+    """The engine's reading of every certified page's bytes, taken just before installing them."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    version: Version = attrs.field(validator=_version)
+    digests: tuple[PageDigest, ...] = attrs.field(
+        validator=attrs.validators.deep_iterable(attrs.validators.instance_of(PageDigest))
+    )
+
+
+@attrs.frozen(slots=True)
+class PageReused:
+    """The engine observed a retained page's block id being recycled underneath the core."""
+
+    page: PageId = attrs.field(validator=_page)
+
+
+Event = (
+    Submit
+    | Supersede
+    | Pause
+    | Unpause
+    | Cancel
+    | ParticipantStarted
+    | Receipt
+    | FrameArrived
+    | PageAllocated
+    | WriteAttempted
+    | WriterClosed
+    | AdoptionReport
+    | PageReused
+)
+SCOPE_EVENTS: tuple[type, ...] = (
+    Submit,
+    Supersede,
+    Pause,
+    Unpause,
+    Cancel,
+    ParticipantStarted,
+    Receipt,
+    FrameArrived,
+    PageAllocated,
+    WriteAttempted,
+    AdoptionReport,
+)
+PAGE_EVENTS: tuple[type, ...] = (WriterClosed, PageReused)

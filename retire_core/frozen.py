@@ -1,0 +1,73 @@
+"""``FrozenMap``: the immutable, hashable mapping the core's state is built from.
+
+Every update returns a new map and never touches the old one, so a core state can be kept,
+shared, compared and hashed freely: the explorer branches on it millions of times. The hash is
+computed once and cached. Nothing protocol-specific lives here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FrozenMap(Mapping[K, V], Generic[K, V]):
+    __slots__ = ("_d", "_h")
+
+    def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
+        self._d: dict[K, V] = dict(items)
+        self._h: int | None = None
+
+    @classmethod
+    def _own(cls, d: dict[K, V]) -> FrozenMap[K, V]:
+        m: FrozenMap[K, V] = cls.__new__(cls)
+        m._d = d
+        m._h = None
+        return m
+
+    def __getitem__(self, key: K) -> V:
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __hash__(self) -> int:
+        if self._h is None:
+            self._h = hash(frozenset(self._d.items()))
+        return self._h
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self._d == other._d
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._d!r})"
+
+    def set(self, key: K, value: V) -> FrozenMap[K, V]:
+        d = dict(self._d)
+        d[key] = value
+        return FrozenMap._own(d)
+
+    def remove(self, key: K) -> FrozenMap[K, V]:
+        d = dict(self._d)
+        del d[key]
+        return FrozenMap._own(d)
+
+    def thaw(self) -> dict[K, V]:
+        """A mutable copy, for building the next state inside one step."""
+        return dict(self._d)
+
+    @classmethod
+    def freeze(cls, d: dict[K, V]) -> FrozenMap[K, V]:
+        """Take ownership of ``d`` (the caller must not mutate it afterwards)."""
+        return cls._own(d)

@@ -1,0 +1,42 @@
+"""The two gates: may this frame publish, and may this write land.
+
+``publication_gate`` is Rule 1 (current-version publication) for every frame kind — tokens on
+their way to a consumer, scheduler commits, installed state: a frame passes only if its version
+is the scope's current version at this moment and the scope holds authority (active or paused).
+``write_gate`` is Rule 3 (retired-state isolation): a write lands only in a page owned by the
+writer's own version whose writer is still open. Both return a decision and, when they refuse,
+the reason that is logged with the drop or fence. Nothing else in the core decides these
+questions.
+"""
+
+from __future__ import annotations
+
+from retire_core.events import FrameKind
+from retire_core.ids import ParticipantId, ScopeId, Version
+from retire_core.state import PageRecord, ScopeRecord, ScopeState
+
+
+def publication_gate(
+    scope: ScopeRecord, version: Version, kind: FrameKind
+) -> tuple[bool, str | None]:
+    """Rule 1. ``(True, None)`` to publish, ``(False, reason)`` to drop."""
+    if scope.state is ScopeState.CANCELLED:
+        return False, "scope_cancelled"
+    if version != scope.epoch:
+        return False, "retired_version"
+    return True, None
+
+
+def write_gate(
+    page: PageRecord | None, scope: ScopeId, version: Version, participant: ParticipantId
+) -> tuple[bool, str | None]:
+    """Rule 3. ``(True, None)`` to let the write land, ``(False, reason)`` to fence it."""
+    if page is None:
+        return False, "page_not_allocated"
+    if page.owner != scope:
+        return False, "page_of_another_scope"
+    if page.version != version:
+        return False, "page_of_another_version"
+    if not page.writer_open:
+        return False, "writer_closed"
+    return True, None

@@ -1,0 +1,28 @@
+"""Classifying late events of versions that no longer hold authority.
+
+Like h2's memory of closed streams, the core remembers a bounded number of drained retired versions
+(``CoreState.ledger``). A late frame or launch of a retired version is dropped or fenced, never an
+error, and its log line says which case it was: ``retired_draining`` (the version still has
+participants or pages), ``retired_drained`` (it has fully drained and is in the ledger) or
+``retired_expired`` (older than the ledger remembers). A cancelled scope's own version is
+``scope_cancelled``.
+"""
+
+from __future__ import annotations
+
+from retire_core.ids import ScopeId, Version
+from retire_core.state import ScopeState
+from retire_core.txn import Txn
+
+
+def classify_late(txn: Txn, scope: ScopeId, version: Version) -> str:
+    rec = txn.scopes[scope]
+    if rec.state is ScopeState.CANCELLED and version == rec.epoch:
+        return "scope_cancelled"
+    if any(r.version == version for r in rec.participants.values()) or any(
+        p.owner == scope and p.version == version for p in txn.pages.values()
+    ):
+        return "retired_draining"
+    if (scope, version) in txn.ledger:
+        return "retired_drained"
+    return "retired_expired"

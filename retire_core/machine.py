@@ -1,0 +1,428 @@
+"""The state machine: ``step(state, event)`` and its per-event handlers.
+
+``step`` is a pure function: it looks the (scope state, event type) pair up in ``table.TABLE``,
+runs the handler on a ``Txn``, and returns the new ``CoreState`` with the commands for the engine
+and the transitions taken. Any ``RetireError`` raised on the way leaves the input state as it
+was (the ``Txn`` is thrown away). Handlers implement ADVANCE, FENCE, launches, receipts, frames,
+page events and reports; they call ``gates`` for the two gates, ``handoff`` for ALIGN/RESUME and
+``reclaim`` for RECLAIM, and classify late events of retired versions instead of failing on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from retire_core import handoff, reclaim
+from retire_core.commands import Admit, AllowWrite, Command, Drop, Fence, FenceWrite, Publish
+from retire_core.errors import (
+    DoubleFreeError,
+    DuplicateParticipantError,
+    DuplicateReceiptError,
+    FutureVersionError,
+    IllegalTransitionError,
+    PageInUseError,
+    UnknownPageError,
+    UnknownParticipantError,
+)
+from retire_core.events import (
+    SCOPE_EVENTS,
+    AdoptionReport,
+    Cancel,
+    Event,
+    FrameArrived,
+    PageAllocated,
+    PageReused,
+    ParticipantStarted,
+    Pause,
+    Receipt,
+    Submit,
+    Supersede,
+    Unpause,
+    WriteAttempted,
+    WriterClosed,
+)
+from retire_core.gates import publication_gate, write_gate
+from retire_core.ids import ScopeId, Version
+from retire_core.ledger import classify_late
+from retire_core.state import (
+    CoreState,
+    PageRecord,
+    ParticipantRecord,
+    ScopeRecord,
+    ScopeState,
+)
+from retire_core.table import TABLE, refusal
+from retire_core.transitions import Stage, Transition
+from retire_core.txn import Txn
+
+
+@attrs.frozen(slots=True)
+class Step:
+    state: CoreState
+    commands: tuple[Command, ...]
+    transitions: tuple[Transition, ...]
+
+
+def _no_future(rec: ScopeRecord, scope: ScopeId, version: Version, what: str) -> None:
+    if version > rec.epoch:
+        raise FutureVersionError(
+            f"{what} for {scope}@{version}, but the current version is {rec.epoch}"
+        )
+
+
+def _set_participant(txn: Txn, scope: ScopeId, q: str, record: ParticipantRecord) -> None:
+    rec = txn.scopes[scope]
+    txn.scopes[scope] = attrs.evolve(rec, participants=rec.participants.set(q, record))
+
+
+# --- user requests ----------------------------------------------------------------------
+
+
+def on_submit(txn: Txn, ev: Submit) -> None:
+    txn.scopes[ev.scope] = ScopeRecord(
+        tenant=ev.tenant,
+        fingerprint=ev.fingerprint,
+        state=ScopeState.ACTIVE,
+        epoch=0,
+        admitted=True,
+        context=ev.context,
+        contract=ev.contract,
+    )
+    txn.emit(Admit(ev.scope, 0, 0, cold=True))
+    txn.record(
+        "open",
+        Stage.SUBMIT,
+        ev.scope,
+        0,
+        changed={"state": ScopeState.ACTIVE, "admitted": True},
+        tenant=ev.tenant,
+        fingerprint=ev.fingerprint,
+        blocks=len(ev.context),
+        reuse=ev.contract.allows_reuse,
+    )
+
+
+def on_supersede(txn: Txn, ev: Supersede) -> None:
+    rec = txn.scopes[ev.scope]
+    old = rec.epoch
+    handoff.release_certificate(txn, ev.scope, "superseded_before_adoption")
+    rec = txn.scopes[ev.scope]
+    txn.scopes[ev.scope] = attrs.evolve(
+        rec,
+        state=ScopeState.ALIGNING,
+        epoch=old + 1,
+        admitted=False,
+        context=ev.context,
+        contract=ev.contract,
+    )
+    txn.record(
+        "supersede",
+        Stage.ADVANCE,
+        ev.scope,
+        old + 1,
+        changed={"epoch": old + 1, "state": ScopeState.ALIGNING, "admitted": False},
+        previous=old,
+        blocks=len(ev.context),
+        reuse=ev.contract.allows_reuse,
+    )
+    _fence_running(txn, ev.scope, below=old + 1)
+    handoff.certify_prefix(txn, ev.scope)
+    reclaim.reclaim(txn, ev.scope)
+
+
+def _fence_running(txn: Txn, scope: ScopeId, below: Version) -> None:
+    """FENCE: ask the engine to stop every running participant of versions older than ``below``."""
+    rec = txn.scopes[scope]
+    for v in sorted({r.version for r in rec.participants.values() if r.version < below}):
+        running = rec.running(v)
+        if running:
+            txn.emit(Fence(scope, v, running))
+            txn.record("fence", Stage.FENCE, scope, v, participants=running)
+
+
+def on_pause(txn: Txn, ev: Pause) -> None:
+    rec = txn.scopes[ev.scope]
+    txn.scopes[ev.scope] = attrs.evolve(rec, state=ScopeState.PAUSED)
+    txn.record("pause", Stage.CONTROL, ev.scope, rec.epoch, changed={"state": ScopeState.PAUSED})
+
+
+def on_unpause(txn: Txn, ev: Unpause) -> None:
+    rec = txn.scopes[ev.scope]
+    txn.scopes[ev.scope] = attrs.evolve(rec, state=ScopeState.ACTIVE)
+    txn.record("unpause", Stage.CONTROL, ev.scope, rec.epoch, changed={"state": ScopeState.ACTIVE})
+
+
+def on_cancel(txn: Txn, ev: Cancel) -> None:
+    handoff.release_certificate(txn, ev.scope, "cancelled")
+    rec = txn.scopes[ev.scope]
+    txn.scopes[ev.scope] = attrs.evolve(rec, state=ScopeState.CANCELLED, admitted=False)
+    txn.record(
+        "cancel",
+        Stage.ADVANCE,
+        ev.scope,
+        rec.epoch,
+        changed={"state": ScopeState.CANCELLED, "admitted": False},
+    )
+    _fence_running(txn, ev.scope, below=rec.epoch + 1)
+    reclaim.reclaim(txn, ev.scope)
+
+
+# --- engine observations ---------------------------------------------------------------------
+
+
+def on_participant_started(txn: Txn, ev: ParticipantStarted) -> None:
+    rec = txn.scopes[ev.scope]
+    _no_future(rec, ev.scope, ev.version, "ParticipantStarted")
+    if ev.participant in rec.participants:
+        raise DuplicateParticipantError(
+            f"participant {ev.participant!r} of {ev.scope} already started"
+        )
+    current = ev.version == rec.epoch
+    if current and rec.state is ScopeState.ALIGNING:
+        raise IllegalTransitionError(
+            rec.state.value, "ParticipantStarted", f"version {ev.version} is not admitted yet"
+        )
+    if current and rec.state is ScopeState.PAUSED:
+        raise IllegalTransitionError(
+            rec.state.value, "ParticipantStarted", "a paused scope launches nothing new"
+        )
+    _set_participant(txn, ev.scope, ev.participant, ParticipantRecord(ev.version))
+    txn.record("launch", Stage.RUN, ev.scope, ev.version, participant=ev.participant)
+    if not rec.has_authority(ev.version):
+        # A launch that raced a revision or a cancel: it starts fenced.
+        txn.emit(Fence(ev.scope, ev.version, (ev.participant,)))
+        txn.record(
+            "fence",
+            Stage.FENCE,
+            ev.scope,
+            ev.version,
+            reason=classify_late(txn, ev.scope, ev.version),
+            participants=(ev.participant,),
+        )
+
+
+def on_receipt(txn: Txn, ev: Receipt) -> None:
+    rec = txn.scopes[ev.scope]
+    _no_future(rec, ev.scope, ev.version, "Receipt")
+    part = rec.participants.get(ev.participant)
+    if part is None:
+        if (ev.scope, ev.version) in txn.ledger:
+            raise DuplicateReceiptError(
+                f"{ev.participant!r} of {ev.scope}@{ev.version}: that version already drained"
+            )
+        raise UnknownParticipantError(f"{ev.participant!r} never started in {ev.scope}")
+    if part.version != ev.version:
+        raise UnknownParticipantError(
+            f"{ev.participant!r} started under version {part.version}, not {ev.version}"
+        )
+    if part.closed:
+        raise DuplicateReceiptError(f"{ev.participant!r} of {ev.scope}@{ev.version} already closed")
+    _set_participant(txn, ev.scope, ev.participant, ParticipantRecord(ev.version, closed=True))
+    txn.record(
+        "receipt",
+        Stage.FENCE,
+        ev.scope,
+        ev.version,
+        changed={"closed": True},
+        participant=ev.participant,
+    )
+    handoff.certify_prefix(txn, ev.scope)
+    reclaim.reclaim(txn, ev.scope)
+
+
+def on_frame(txn: Txn, ev: FrameArrived) -> None:
+    rec = txn.scopes[ev.scope]
+    _no_future(rec, ev.scope, ev.version, "FrameArrived")
+    publish, reason = publication_gate(rec, ev.version, ev.kind)
+    if publish:
+        txn.emit(Publish(ev.frame, ev.scope, ev.version, ev.kind))
+        txn.record("publish", Stage.PUBLISH, ev.scope, ev.version, frame=ev.frame, kind=ev.kind)
+        return
+    why = classify_late(txn, ev.scope, ev.version) if reason == "retired_version" else reason
+    assert why is not None
+    txn.emit(Drop(ev.frame, ev.scope, ev.version, ev.kind, why))
+    txn.record(
+        "drop", Stage.PUBLISH, ev.scope, ev.version, reason=why, frame=ev.frame, kind=ev.kind
+    )
+
+
+def _running_participant(txn: Txn, scope: ScopeId, version: Version, q: str, what: str) -> None:
+    part = txn.scopes[scope].participants.get(q)
+    if part is None or part.version != version:
+        raise UnknownParticipantError(f"{what}: {q!r} is not a participant of {scope}@{version}")
+    if part.closed:
+        raise IllegalTransitionError(
+            "closed", what, f"participant {q!r} of {scope}@{version} has already closed"
+        )
+
+
+def on_page_allocated(txn: Txn, ev: PageAllocated) -> None:
+    rec = txn.scopes[ev.scope]
+    _no_future(rec, ev.scope, ev.version, "PageAllocated")
+    _running_participant(txn, ev.scope, ev.version, ev.participant, "PageAllocated")
+    if ev.page in txn.pages:
+        owner = txn.pages[ev.page]
+        raise PageInUseError(f"page {ev.page} is still allocated to {owner.owner}@{owner.version}")
+    authority = rec.has_authority(ev.version) and rec.admitted
+    prefix = rec.context[ev.position] if authority and ev.position < len(rec.context) else None
+    generation = txn.generations.get(ev.page, 0) + 1
+    txn.generations[ev.page] = generation
+    txn.pages[ev.page] = PageRecord(
+        owner=ev.scope,
+        version=ev.version,
+        participant=ev.participant,
+        generation=generation,
+        position=ev.position,
+        prefix=prefix,
+        fingerprint=rec.fingerprint,
+    )
+    txn.record(
+        "allocate",
+        Stage.RUN,
+        ev.scope,
+        ev.version,
+        changed={"generation": generation},
+        page=ev.page,
+        participant=ev.participant,
+        position=ev.position,
+        inheritable=prefix is not None,
+    )
+
+
+def on_write(txn: Txn, ev: WriteAttempted) -> None:
+    rec = txn.scopes[ev.scope]
+    _no_future(rec, ev.scope, ev.version, "WriteAttempted")
+    _running_participant(txn, ev.scope, ev.version, ev.participant, "WriteAttempted")
+    page = txn.pages.get(ev.page)
+    allowed, reason = write_gate(page, ev.scope, ev.version, ev.participant)
+    if not allowed or page is None:
+        txn.emit(FenceWrite(ev.page, ev.participant, reason or "page_not_allocated"))
+        txn.record(
+            "fence_write",
+            Stage.FENCE,
+            ev.scope,
+            ev.version,
+            reason=reason,
+            page=ev.page,
+            participant=ev.participant,
+            completes=ev.completes,
+        )
+        return
+    txn.pages[ev.page] = attrs.evolve(page, full=ev.completes)
+    txn.emit(AllowWrite(ev.page, ev.participant))
+    txn.record(
+        "write",
+        Stage.RUN,
+        ev.scope,
+        ev.version,
+        changed={"full": ev.completes},
+        page=ev.page,
+        participant=ev.participant,
+        completes=ev.completes,
+    )
+
+
+def on_adoption_report(txn: Txn, ev: AdoptionReport) -> None:
+    rec = txn.scopes[ev.scope]
+    _no_future(rec, ev.scope, ev.version, "AdoptionReport")
+    if ev.version < rec.epoch or rec.state is ScopeState.CANCELLED:
+        # The byte check of a successor that was itself superseded or cancelled: nothing to do,
+        # its pins were already released by the revision that retired it.
+        txn.record(
+            "late_report",
+            Stage.RESUME,
+            ev.scope,
+            ev.version,
+            reason=classify_late(txn, ev.scope, ev.version),
+        )
+        return
+    if rec.certificate is None:
+        raise IllegalTransitionError(
+            rec.state.value, "AdoptionReport", f"no certificate is pending for {ev.scope}"
+        )
+    handoff.verify_adoption(txn, ev)
+    reclaim.reclaim(txn, ev.scope)
+
+
+def _tracked_page(txn: Txn, page: int, what: str) -> PageRecord:
+    record = txn.pages.get(page)
+    if record is not None:
+        return record
+    if page in txn.generations:
+        raise DoubleFreeError(f"{what} for page {page}, which was already freed")
+    raise UnknownPageError(f"{what} for page {page}, which was never allocated")
+
+
+def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
+    page = _tracked_page(txn, ev.page, "WriterClosed")
+    if not page.writer_open:
+        raise IllegalTransitionError(
+            "writer_closed", "WriterClosed", f"page {ev.page} is already closed"
+        )
+    txn.pages[ev.page] = attrs.evolve(page, writer_open=False, digest=ev.digest)
+    txn.record(
+        "close_writer",
+        Stage.FENCE,
+        page.owner,
+        page.version,
+        changed={"writer_open": False},
+        page=ev.page,
+        full=page.full,
+        digest=ev.digest,
+    )
+    handoff.certify_prefix(txn, page.owner)
+    reclaim.reclaim(txn, page.owner)
+
+
+def on_page_reused(txn: Txn, ev: PageReused) -> None:
+    page = _tracked_page(txn, ev.page, "PageReused")
+    if page.held or page.writer_open or not page.full:
+        raise PageInUseError(
+            f"page {ev.page} is in use by {page.owner}@{page.version}; only a retained "
+            "(completed, unreferenced) page can be recycled underneath the core"
+        )
+    generation = txn.generations.get(ev.page, 0) + 1
+    txn.generations[ev.page] = generation
+    txn.pages[ev.page] = attrs.evolve(page, generation=generation)
+    txn.record(
+        "reuse_id",
+        Stage.RECLAIM,
+        page.owner,
+        page.version,
+        changed={"generation": generation},
+        page=ev.page,
+    )
+
+
+_SCOPE_HANDLERS: dict[str, Callable[[Txn, Any], None]] = {
+    name: fn for name, fn in globals().items() if name.startswith("on_") and callable(fn)
+}
+
+
+_EVENT_TYPES = (*SCOPE_EVENTS, WriterClosed, PageReused)
+
+
+def step(state: CoreState, event: Event) -> Step:
+    """Feed one event; return the next state, the commands and the transitions taken."""
+    if not isinstance(event, _EVENT_TYPES):
+        raise TypeError(f"not a Retire event: {event!r}")
+    txn = Txn(state)
+    if not isinstance(event, WriterClosed | PageReused):
+        scope: str = event.scope
+        rec = state.scopes.get(scope)
+        key = (rec.state if rec is not None else None, type(event))
+        handler = TABLE.get(key)
+        if handler is None:
+            raise refusal(key[0], type(event), scope)
+        _SCOPE_HANDLERS[handler](txn, event)
+    elif isinstance(event, WriterClosed):
+        on_writer_closed(txn, event)
+    else:
+        on_page_reused(txn, event)
+    return Step(txn.freeze(), tuple(txn.commands), tuple(txn.transitions))
+
+
+__all__ = ["Step", "step"]

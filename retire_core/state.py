@@ -1,0 +1,86 @@
+"""The core's state: scopes, participants, pages and the ledger of retired versions.
+
+All of it is immutable (frozen attrs records inside ``FrozenMap``s), so a whole ``CoreState`` can be
+snapshotted by keeping a reference, restored by handing it back, and hashed canonically in
+constant time after the first hash. ``ScopeState`` is the enum the transition table is keyed on.
+The rules that change this state live in ``machine``, ``gates``, ``handoff`` and ``reclaim``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from retire_core.commands import Certificate
+from retire_core.contract import Contract
+from retire_core.frozen import FrozenMap
+from retire_core.ids import BlockKey, PageId, ParticipantId, ScopeId, Version
+
+_EMPTY: FrozenMap[object, object] = FrozenMap()
+
+
+def _empty() -> FrozenMap[object, object]:
+    return _EMPTY  # immutable, so one shared empty map serves every default
+
+
+class ScopeState(enum.Enum):
+    ACTIVE = "active"  # the current version is admitted and runs
+    ALIGNING = "aligning"  # advanced; the successor waits for FENCE/ALIGN/RESUME
+    PAUSED = "paused"  # the current version keeps authority but launches nothing new
+    CANCELLED = "cancelled"  # terminal: no successor, nothing publishes
+
+
+@attrs.frozen(slots=True, cache_hash=True)
+class ParticipantRecord:
+    version: Version
+    closed: bool = False
+
+
+@attrs.frozen(slots=True, cache_hash=True)
+class ScopeRecord:
+    tenant: str
+    fingerprint: str
+    state: ScopeState
+    epoch: Version
+    admitted: bool
+    context: tuple[BlockKey, ...]
+    contract: Contract
+    participants: FrozenMap[ParticipantId, ParticipantRecord] = attrs.field(factory=_empty)
+    certificate: Certificate | None = None
+
+    def running(self, version: Version) -> tuple[ParticipantId, ...]:
+        return tuple(
+            q for q, r in self.participants.items() if r.version == version and not r.closed
+        )
+
+    def drained(self, version: Version) -> bool:
+        return all(r.closed for r in self.participants.values() if r.version == version)
+
+    def has_authority(self, version: Version) -> bool:
+        return version == self.epoch and self.state in (ScopeState.ACTIVE, ScopeState.PAUSED)
+
+
+@attrs.frozen(slots=True, cache_hash=True)
+class PageRecord:
+    owner: ScopeId
+    version: Version
+    participant: ParticipantId
+    generation: int
+    position: int
+    prefix: BlockKey | None  # None: allocated for work without authority, never inheritable
+    fingerprint: str
+    writer_open: bool = True
+    full: bool = False
+    digest: str | None = None
+    held: bool = True
+    pinned: bool = False
+
+
+@attrs.frozen(slots=True, cache_hash=True)
+class CoreState:
+    scopes: FrozenMap[ScopeId, ScopeRecord] = attrs.field(factory=_empty)
+    pages: FrozenMap[PageId, PageRecord] = attrs.field(factory=_empty)
+    generations: FrozenMap[PageId, int] = attrs.field(factory=_empty)
+    ledger: tuple[tuple[ScopeId, Version], ...] = ()  # drained retired versions, newest last
+    ledger_size: int = 1024

@@ -1,0 +1,75 @@
+"""Transition records: what one core step did, in the spec's vocabulary.
+
+Every state change the core makes is reported as one ``Transition`` whose ``action`` is the name
+of the spec action it implements (``publish``, ``certify``, ``adopt``, ``free`` ...), or a
+*stutter* that changes no abstract state but is still worth a log line (``fence`` asks the engine
+to stop retired work; ``late_report`` ignores a byte check for a superseded successor). Each
+transition becomes exactly one structlog event, and the same records drive the refinement check
+and trace validation. The table of which events each scope state accepts lives in ``table``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+from retire_core.ids import Version
+
+
+class Stage(enum.Enum):
+    SUBMIT = "submit"
+    ADVANCE = "advance"
+    FENCE = "fence"
+    ALIGN = "align"
+    RESUME = "resume"
+    RECLAIM = "reclaim"
+    PUBLISH = "publish"
+    RUN = "run"
+    CONTROL = "control"
+
+
+STUTTERS = frozenset({"fence", "late_report", "late_receipt_ignored"})
+
+
+@attrs.frozen(slots=True)
+class Transition:
+    action: str
+    stage: Stage
+    scope: str | None
+    version: Version | None
+    args: tuple[tuple[str, Any], ...] = ()
+    changed: tuple[tuple[str, Any], ...] = ()
+    reason: str | None = None
+
+    def arg(self, name: str) -> Any:
+        for key, value in self.args:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def as_log(self) -> dict[str, Any]:
+        """The structlog event fields (documented in docs/protocol.md, read by trace validation)."""
+        out: dict[str, Any] = {
+            "transition": self.action,
+            "stage": self.stage.value,
+            "scope": self.scope,
+            "version": self.version,
+        }
+        out.update({k: _plain(v) for k, v in self.args})
+        if self.changed:
+            out["changed"] = {k: _plain(v) for k, v in self.changed}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
