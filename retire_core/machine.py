@@ -100,7 +100,7 @@ def on_submit(txn: Txn, ev: Submit) -> None:
         changed={"state": ScopeState.ACTIVE, "admitted": True},
         tenant=ev.tenant,
         fingerprint=ev.fingerprint,
-        blocks=len(ev.context),
+        context=ev.context,
         reuse=ev.contract.allows_reuse,
     )
 
@@ -125,7 +125,7 @@ def on_supersede(txn: Txn, ev: Supersede) -> None:
         old + 1,
         changed={"epoch": old + 1, "state": ScopeState.ALIGNING, "admitted": False},
         previous=old,
-        blocks=len(ev.context),
+        context=ev.context,
         reuse=ev.contract.allows_reuse,
     )
     _fence_running(txn, ev.scope, below=old + 1)
