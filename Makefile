@@ -32,7 +32,7 @@ lint: setup
 test-core: setup lint
 	$(VENV)/bin/pytest -q -m "not vllm"
 
-test: setup lint
+test: setup-vllm lint
 	$(VENV)/bin/pytest -q
 
 clean:

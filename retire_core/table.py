@@ -2,7 +2,8 @@
 
 ``TABLE[(state, event type)]`` names the handler of every legal pair; ``None`` stands for a scope
 that has not been submitted yet. Any pair missing from ``TABLE`` is illegal and ``REFUSALS`` gives
-the error raised for it (the state is left untouched). Tests enumerate the full product of
+the error raised for it (the state is left untouched). ``NEXT_STATE`` gives the possible next states where they differ from the current one
+(``WriterClosed`` can also complete ALIGN: aligning -> active). Tests enumerate the full product of
 ``ScopeState`` (plus ``None``) and ``SCOPE_EVENTS``; ``docs/protocol.md``'s state diagram is
 generated from this table. Events that name only a page (``WriterClosed``, ``PageReused``) are
 dispatched on the page's owner and are legal in every state of it.
@@ -54,13 +55,12 @@ TABLE: dict[tuple[ScopeState | None, type], str] = {
 # Where the next state of a legal pair can be read off the table alone (for the state diagram).
 NEXT_STATE: dict[tuple[ScopeState | None, type], str] = {
     (None, Submit): "active",
-    **{(s, Supersede): "aligning" for s in LIVE},
+    # A cold successor (or one with nothing to inherit) is admitted in the same step.
+    **{(s, Supersede): "aligning | active" for s in LIVE},
     (A, Pause): "paused",
     (P, Unpause): "active",
     **{(s, Cancel): "cancelled" for s in LIVE},
     (L, AdoptionReport): "active",
-    (L, Receipt): "aligning | active",
-    (L, PageAllocated): "aligning",
 }
 
 

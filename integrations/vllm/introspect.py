@@ -1,0 +1,209 @@
+"""Read-and-poke access to the internals of an in-process vLLM 0.32 engine.
+
+Every path into vLLM's private objects that the integration uses is written down here once:
+from an ``LLMEngine`` built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` to its ``EngineCore``,
+scheduler, KV cache manager, block pool and CPU model runner; a running request's block ids and
+block hashes; a sha256 digest of one KV block's bytes (all layers, K and V) and an in-place
+corruption of those bytes (fault injection); pinning cached blocks with ``BlockPool.touch`` and
+releasing them with ``BlockPool.free_blocks``; and a spy on ``BlockPool.get_new_blocks`` that
+keeps an ownership generation per block id.  Worker-side helpers (``worker_*``) take the vLLM
+worker object and are also usable through ``collective_rpc`` in multi-process executors.  The
+symbols relied on are listed (and checked) in :mod:`.hooks`; findings are in
+``docs/vllm_research.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+
+# --- engine-core side ------------------------------------------------------------------------
+
+
+def engine_core(engine: LLMEngine) -> EngineCore:
+    """The in-process ``EngineCore`` (``engine.engine_core`` is an ``InprocClient``)."""
+    client = engine.engine_core
+    core = getattr(client, "engine_core", None)
+    if core is None:
+        raise RuntimeError(
+            "engine core is not in-process; build the engine with "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 (see retire_vllm.engine_config.build_engine)"
+        )
+    return core  # type: ignore[no-any-return]
+
+
+def scheduler(engine: LLMEngine) -> Scheduler:
+    return engine_core(engine).scheduler  # type: ignore[return-value]
+
+
+def kv_cache_manager(engine: LLMEngine) -> KVCacheManager:
+    return scheduler(engine).kv_cache_manager
+
+
+def block_pool(engine: LLMEngine) -> BlockPool:
+    return kv_cache_manager(engine).block_pool
+
+
+def request_block_ids(engine: LLMEngine, request_id: str, group: int = 0) -> list[int]:
+    """Block ids (in token order) held by a live request (internal id), KV cache group ``group``."""
+    return list(kv_cache_manager(engine).get_block_ids(request_id)[group])
+
+
+def request_blocks(engine: LLMEngine, request_id: str, group: int = 0) -> list[KVCacheBlock]:
+    """The ``KVCacheBlock`` objects of a live request (same order as :func:`request_block_ids`)."""
+    return list(kv_cache_manager(engine).coordinator.get_blocks(request_id)[group])
+
+
+def request_block_hashes(engine: LLMEngine, request_id: str) -> list[bytes]:
+    """Chained hashes of the request's *full* blocks (prompt and, later, output tokens)."""
+    return list(scheduler(engine).requests[request_id].block_hashes)
+
+
+def cached_blocks_for_hashes(
+    pool: BlockPool, hashes: Sequence[bytes], group: int = 0
+) -> list[KVCacheBlock]:
+    """Longest prefix of ``hashes`` still mapped in the prefix cache, as block objects."""
+    found: list[KVCacheBlock] = []
+    for h in hashes:
+        hit = pool.get_cached_block(h, [group])  # type: ignore[arg-type]
+        if hit is None:
+            break
+        found.append(hit[0])
+    return found
+
+
+def pin_blocks(pool: BlockPool, blocks: Sequence[KVCacheBlock]) -> None:
+    """Take one reference on each block; a block with ref_cnt > 0 is never evicted or reused."""
+    pool.touch(blocks)
+
+
+def unpin_blocks(pool: BlockPool, blocks: Sequence[KVCacheBlock]) -> None:
+    """Drop the references taken by :func:`pin_blocks` (tail first, so tails are evicted first)."""
+    pool.free_blocks(list(reversed(blocks)))
+
+
+class GenerationSpy:
+    """Counts (re)allocations per block id by wrapping ``BlockPool.get_new_blocks``.
+
+    Every block handed out by ``get_new_blocks`` (new request blocks, CoW copies, ...) has a new
+    owner, so its generation is bumped; ``evicted`` records the ids whose prefix-cache hash was
+    dropped at that moment.  Install with :meth:`install`, remove with :meth:`uninstall`.
+    """
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self.generation: dict[int, int] = {}
+        self.evicted: list[int] = []
+        self.listeners: list[Callable[[list[int]], None]] = []
+        self._orig: Callable[[int], list[KVCacheBlock]] | None = None
+
+    def install(self) -> GenerationSpy:
+        if self._orig is not None:
+            return self
+        orig = self.pool.get_new_blocks
+        self._orig = orig
+        pool = self.pool
+
+        def get_new_blocks(num_blocks: int) -> list[KVCacheBlock]:
+            # Hashed blocks at the LRU head lose their hash inside orig(); note them first.
+            head = pool.free_block_queue.fake_free_list_head.next_free_block
+            hashed: set[int] = set()
+            blk = head
+            for _ in range(num_blocks):
+                if blk is None or blk.block_id < 0:
+                    break
+                if blk.block_hash is not None:
+                    hashed.add(blk.block_id)
+                blk = blk.next_free_block
+            blocks = orig(num_blocks)
+            ids = [b.block_id for b in blocks]
+            for bid in ids:
+                self.generation[bid] = self.generation.get(bid, 0) + 1
+            self.evicted.extend(bid for bid in ids if bid in hashed)
+            for listener in self.listeners:
+                listener(ids)
+            return blocks
+
+        pool.get_new_blocks = get_new_blocks  # type: ignore[method-assign]
+        return self
+
+    def uninstall(self) -> None:
+        if self._orig is not None:
+            del self.pool.get_new_blocks  # drop the instance attribute; class method shows again
+            self._orig = None
+
+    def gen(self, block_id: int) -> int:
+        return self.generation.get(block_id, 0)
+
+
+# --- worker side -----------------------------------------------------------------------------
+
+
+def driver_worker(engine: LLMEngine) -> Any:
+    """The rank-0 worker (``CPUWorker``) of a ``UniProcExecutor`` (in-process, TP=1)."""
+    executor: Any = engine_core(engine).model_executor
+    wrapper = executor.driver_worker
+    return wrapper.worker
+
+
+def kv_caches(worker: Any) -> list[torch.Tensor]:
+    """Per-layer KV tensors of a worker, layer order.
+
+    CPU layout (``CPUAttentionBackend``, layout ``LBHNC``): one tensor per attention layer of shape
+    ``[num_blocks, num_kv_heads_per_rank, block_size, 2 * head_size]``; ``t[block_id]`` is one
+    block, and within it the view ``[H, 2 * block_size, head_size]`` holds K in rows
+    ``[:block_size]`` and V in rows ``[block_size:]``.
+    """
+    return list(worker.model_runner.kv_caches)
+
+
+def worker_block_digest(worker: Any, block_id: int) -> str:
+    """sha256 over the raw bytes of block ``block_id`` in every layer (K and V), layer order."""
+    import torch
+
+    h = hashlib.sha256()
+    for t in kv_caches(worker):
+        h.update(t[block_id].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def worker_block_digests(worker: Any, block_ids: Iterable[int]) -> dict[int, str]:
+    return {bid: worker_block_digest(worker, bid) for bid in block_ids}
+
+
+def worker_corrupt_block(worker: Any, block_id: int, layer: int = 0, value: float = 0.5) -> None:
+    """Overwrite block ``block_id`` of one layer in place (same id, same counts, other bytes)."""
+    with __import__("torch").no_grad():
+        kv_caches(worker)[layer][block_id].add_(value)
+
+
+def worker_receipt(worker: Any, block_ids: Sequence[int]) -> dict[str, Any]:
+    """A per-rank receipt: rank, KV shapes and digests of ``block_ids`` (for collective_rpc)."""
+    return {
+        "rank": int(getattr(worker, "rank", -1)),
+        "local_rank": int(getattr(worker, "local_rank", -1)),
+        "kv_shape": [list(t.shape) for t in kv_caches(worker)],
+        "digests": worker_block_digests(worker, block_ids),
+    }
+
+
+def block_digest(engine: LLMEngine, block_id: int) -> str:
+    """:func:`worker_block_digest` on the in-process driver worker."""
+    return worker_block_digest(driver_worker(engine), block_id)
+
+
+def corrupt_block(engine: LLMEngine, block_id: int, layer: int = 0, value: float = 0.5) -> None:
+    """:func:`worker_corrupt_block` on the in-process driver worker."""
+    worker_corrupt_block(driver_worker(engine), block_id, layer, value)

@@ -1,0 +1,286 @@
+"""Hypothesis drives the core and the spec side by side (a ``RuleBasedStateMachine``).
+
+Rules are the environment's moves from ``environment.env_moves``, grouped so that Hypothesis can
+shrink and swarm over them: user requests, launches and receipts, frames (emitted into a bundle
+and delivered later, in any order, possibly after their version retired), page allocation and
+write attempts (including into pages the writer does not own), writer closures, faults (content
+corruption, recycled block ids) and the engine's byte-check reports; plus a rule that feeds
+malformed or illegal events and checks they raise and change nothing. After every step the
+lock-step harness has already checked refinement and every invariant; ``COVERAGE`` counts how
+often each transition and each late-event path was reached, and ``target`` steers runs towards
+long revision chains and faults. ``run_machine`` runs it programmatically (used to judge
+mutants).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, event, settings, target
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import retire_core as rc
+from retire_checks.abstraction import Universe, abstract_control, control_view
+from retire_checks.environment import Budget, env_moves
+from retire_checks.lockstep import Lockstep
+from retire_spec.actions import ActionInstance
+from retire_spec.schema import IN_FLIGHT, Bounds
+
+BOUNDS = Bounds(
+    scopes=2,
+    parts=4,
+    frames=4,
+    pages=4,
+    positions=2,
+    max_epoch=4,
+    # (1, 2) twice: revisions that share a prefix are the common case worth weighting.
+    contexts=((1, 2), (1, 3), (1, 2), (4, 5)),
+    fingerprints=(0, 1),
+)
+CATEGORIES = ("control", "faults", "reports")
+GROUPS = {
+    "open": {"open"},
+    "revise": {"supersede"},
+    "control": {"pause", "unpause", "cancel"},
+    "run": {"launch", "receipt"},
+    "pages": {"allocate", "attempt_write", "close_writer"},
+    "faults": {"corrupt", "reuse_id"},
+}
+COVERAGE: Counter[str] = Counter()
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """One Hypothesis run: a fresh core and spec, a swarm of enabled move categories."""
+
+    step_fn: Callable[[rc.CoreState, Any], rc.Step] = staticmethod(rc.step)
+    frames = Bundle("frames")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ls = Lockstep(Universe.of(BOUNDS), step_fn=type(self).step_fn)
+        self.enabled: frozenset[str] = frozenset(CATEGORIES)
+        self.budget = Budget(faults=2, partial_writes=True)
+
+    @initialize(
+        disabled=st.sets(st.sampled_from(("faults", "reports", "control"))),
+        contexts=st.tuples(st.sampled_from(BOUNDS.contexts), st.sampled_from(BOUNDS.contexts)),
+        reuse=st.tuples(st.booleans(), st.booleans()),
+        ledger=st.sampled_from((1, 8)),
+    )
+    def swarm(
+        self,
+        disabled: set[str],
+        contexts: tuple[Any, Any],
+        reuse: tuple[bool, bool],
+        ledger: int,
+    ) -> None:
+        # Swarm testing: each run leaves some categories out so that others go deeper. Both
+        # scopes start open with one running participant (runs begin where the protocol does).
+        self.enabled = frozenset(CATEGORIES) - disabled
+        self.ls.core = rc.CoreState(ledger_size=ledger)  # a small ledger lets versions expire
+        for s in (0, 1):
+            self._do(ActionInstance("open", (s, contexts[s], reuse[s])))
+            self._do(ActionInstance("launch", (s, s, 0)))
+
+    def _moves(self, group: str) -> list[ActionInstance]:
+        return [m for m in env_moves(self.ls, self.budget) if m.name in GROUPS[group]]
+
+    def _do(self, move: ActionInstance) -> None:
+        out = self.ls.report(move.args[0]) if move.name == "report" else self.ls.env(move)
+        for t in out.transitions if out else ():
+            COVERAGE[f"transition:{t.action}"] += 1
+            event(f"transition:{t.action}")
+            if t.reason:
+                COVERAGE[f"{t.action}:{t.reason}"] += 1
+                event(f"{t.action}:{t.reason}")
+            if t.action == "supersede" and t.arg("previous") is not None:
+                rec = self.ls.core.scopes[t.scope or ""]
+                if any(
+                    c.action == "supersede" for c in out.transitions if c is not t
+                ) or rec.epoch > 1:
+                    COVERAGE["path:revision_chain"] += 1
+
+    def _draw(self, data: st.DataObject, group: str) -> None:
+        moves = self._moves(group)
+        if moves:
+            self._do(data.draw(st.sampled_from(moves)))
+
+    @rule(data=st.data())
+    def open_scope(self, data: st.DataObject) -> None:
+        self._draw(data, "open")
+
+    @rule(data=st.data())
+    def revise(self, data: st.DataObject) -> None:
+        self._draw(data, "revise")
+
+    @rule(data=st.data())
+    def revise_keeping_prefix(self, data: st.DataObject) -> None:
+        """The common agent revision: same leading context, new tail, reuse allowed."""
+        moves = [
+            m
+            for m in self._moves("revise")
+            if m.args[2] and m.args[1][0] == self.ls.spec["scope_want"][m.args[0]][0]
+        ]
+        if moves:
+            self._do(data.draw(st.sampled_from(moves)))
+
+    @precondition(lambda self: "control" in self.enabled)
+    @rule(data=st.data())
+    def control(self, data: st.DataObject) -> None:
+        self._draw(data, "control")
+
+    @rule(data=st.data())
+    def run(self, data: st.DataObject) -> None:
+        self._draw(data, "run")
+
+    @rule(data=st.data())
+    def fill_block(self, data: st.DataObject) -> None:
+        """Allocate a page to a running participant, complete it and close its writer."""
+        spec = self.ls.spec
+        allocations = []
+        for m in self._moves("pages"):
+            if m.name != "allocate":
+                continue
+            p, q, i = m.args
+            s, v = self.ls.launched[q]
+            filled = {
+                spec["page_pos"][x]
+                for x in range(BOUNDS.pages)
+                if spec["page_alloc"][x] and spec["page_owner"][x] == s and spec["page_over"][x] == v
+            }
+            if i == min(set(range(BOUNDS.positions)) - filled, default=-1):
+                allocations.append(m)  # engines fill a context's blocks in order
+        if not allocations:
+            return
+        move = data.draw(st.sampled_from(allocations))
+        p, q, _ = move.args
+        self._do(move)
+        self._do(ActionInstance("attempt_write", (p, q, True)))
+        self._do(ActionInstance("close_writer", (p,)))
+
+    @rule(target=frames, data=st.data())
+    def emit(self, data: st.DataObject) -> int:
+        moves = [m for m in env_moves(self.ls, self.budget) if m.name == "emit"]
+        if not moves:
+            return -1
+        move = data.draw(st.sampled_from(moves))
+        self._do(move)
+        return int(move.args[0])
+
+    @rule(frame=consumes(frames))
+    def deliver(self, frame: int) -> None:
+        # Bundled frames are delivered late and in any order the draw picks.
+        if frame >= 0 and self.ls.spec["frame_state"][frame] == IN_FLIGHT:
+            self._do(ActionInstance("deliver", (frame,)))
+
+    @rule(data=st.data())
+    def pages(self, data: st.DataObject) -> None:
+        self._draw(data, "pages")
+
+    @precondition(lambda self: "faults" in self.enabled)
+    @rule(data=st.data())
+    def fault(self, data: st.DataObject) -> None:
+        self._draw(data, "faults")
+
+    @precondition(lambda self: "reports" in self.enabled and bool(self.ls.pending_reports))
+    @rule(data=st.data())
+    def report(self, data: st.DataObject) -> None:
+        s = data.draw(st.sampled_from(sorted(self.ls.pending_reports)))
+        self._do(ActionInstance("report", (s,)))
+
+    @precondition(lambda self: "reports" in self.enabled and bool(self.ls.pending_reports))
+    @rule(data=st.data())
+    def drain_then_report(self, data: st.DataObject) -> None:
+        """The predecessor drains, a fault may strike a retained certified page, then the engine
+        answers the byte check: the path on which the digest and generation checks matter."""
+        s = data.draw(st.sampled_from(sorted(self.ls.pending_reports)))
+        epoch = self.ls.spec["scope_epoch"][s]
+        for q, (qs, v) in sorted(self.ls.launched.items()):
+            if qs == s and v < epoch and not self.ls.spec["part_closed"][q]:
+                for p in range(BOUNDS.pages):
+                    close = ActionInstance("close_writer", (p,))
+                    if self.ls.spec["page_owner"][p] == s and self.ls.spec_enabled(close):
+                        self._do(close)
+                self._do(ActionInstance("receipt", (q,)))
+        if "faults" in self.enabled:
+            faults = self._moves("faults")
+            if faults and data.draw(st.booleans()):
+                self._do(data.draw(st.sampled_from(faults)))
+        if s in self.ls.pending_reports:
+            self._do(ActionInstance("report", (s,)))
+
+    @rule(data=st.data())
+    def bad_input(self, data: st.DataObject) -> None:
+        core = self.ls.core
+        epoch = max((r.epoch for r in core.scopes.values()), default=0)
+        candidates: list[Any] = [
+            rc.Supersede("unknown-scope", (1,)),
+            rc.FrameArrived("s0", epoch + 7, 0, rc.FrameKind.TOKEN),
+            rc.Receipt("s1", 0, "nobody"),
+            rc.WriterClosed(9999, "0"),
+            rc.PageReused(9999),
+            rc.AdoptionReport("s0", epoch + 3, ()),
+        ]
+        for sid, rec in core.scopes.items():
+            for q, part in rec.participants.items():
+                if part.closed:
+                    candidates.append(rc.Receipt(sid, part.version, q))  # duplicate receipt
+            if rec.state is rc.ScopeState.CANCELLED:
+                candidates.append(rc.Supersede(sid, (1,)))
+        for p in core.generations:
+            if p not in core.pages:
+                candidates.append(rc.WriterClosed(p, "0"))  # double free
+        bad = data.draw(st.sampled_from(candidates))
+        before = self.ls.core
+        try:
+            type(self).step_fn(before, bad)
+        except rc.RetireError as err:
+            COVERAGE[f"rejected:{type(err).__name__}"] += 1
+        else:
+            raise AssertionError(f"the core accepted bad input {bad!r}")
+        assert self.ls.core is before
+
+    def teardown(self) -> None:
+        # ``target`` may be called once per label per run: steer towards deep chains and faults.
+        target(float(max(self.ls.spec["scope_epoch"])), label="revision chain depth")
+        target(float(sum(1 for line in self.ls.trace if "release(" in line)), label="releases")
+
+    @invariant()
+    def abstraction_matches(self) -> None:
+        expected = control_view(self.ls.spec, BOUNDS)
+        assert abstract_control(self.ls.core, self.ls.uni, self.ls.launched) == expected
+
+
+def run_machine(
+    step_fn: Callable[[rc.CoreState, Any], rc.Step] = rc.step,
+    max_examples: int = 200,
+    derandomize: bool = True,
+) -> BaseException | None:
+    """Run the machine against ``step_fn``; return the failure, or ``None`` if none was found."""
+    machine = type("Machine", (LockstepMachine,), {"step_fn": staticmethod(step_fn)})
+    test = machine.TestCase
+    test.settings = settings(
+        max_examples=max_examples,
+        stateful_step_count=40,
+        derandomize=derandomize,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+    try:
+        test("runTest").runTest()
+    except BaseException as err:  # noqa: BLE001 - the failure is the result
+        return err
+    return None

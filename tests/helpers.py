@@ -1,0 +1,43 @@
+"""Shared builders for the core tests: a small world and scripted paths into each scope state."""
+
+from __future__ import annotations
+
+from retire_checks.abstraction import Universe
+from retire_checks.lockstep import Lockstep
+from retire_spec.actions import ActionInstance as A
+from retire_spec.schema import Bounds
+
+BOUNDS = Bounds(
+    scopes=2,
+    parts=4,
+    frames=4,
+    pages=4,
+    positions=2,
+    max_epoch=4,
+    contexts=((1, 2), (1, 3), (4, 5)),
+    fingerprints=(0, 1),
+)
+UNI = Universe.of(BOUNDS)
+
+# Scripted paths (spec moves for the environment) that leave scope s0 in each state.
+PATHS: dict[str, tuple[A, ...]] = {
+    "unopened": (),
+    "active": (A("open", (0, (1, 2), True)), A("launch", (0, 0, 0))),
+    "aligning": (
+        A("open", (0, (1, 2), True)),
+        A("launch", (0, 0, 0)),
+        A("allocate", (0, 0, 0)),
+        A("attempt_write", (0, 0, True)),
+        A("close_writer", (0,)),
+        A("supersede", (0, (1, 3), True)),
+    ),
+    "paused": (A("open", (0, (1, 2), True)), A("launch", (0, 0, 0)), A("pause", (0,))),
+    "cancelled": (A("open", (0, (1, 2), True)), A("launch", (0, 0, 0)), A("cancel", (0,))),
+}
+
+
+def lockstep_at(state: str) -> Lockstep:
+    ls = Lockstep(UNI)
+    for move in PATHS[state]:
+        ls.env(move)
+    return ls

@@ -1,0 +1,39 @@
+"""Hypothesis drives the core and the spec side by side; rare paths must be reached."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+from retire_checks import fuzz
+
+TestLockstep = fuzz.LockstepMachine.TestCase
+TestLockstep.settings = settings(
+    max_examples=600,
+    stateful_step_count=50,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+
+RARE_PATHS = (
+    "transition:certify",
+    "transition:adopt",
+    "transition:fence_write",
+    "transition:late_report",
+    "release:digest_mismatch",
+    "release:generation_changed",
+    "drop:retired_draining",
+    "drop:retired_drained",
+    "late_report:retired_expired",
+    "drop:scope_cancelled",
+    "fence_write:page_of_another_scope",
+    "rejected:DuplicateReceiptError",
+    "rejected:DoubleFreeError",
+    "path:revision_chain",
+)
+
+
+def test_zz_rare_paths_were_reached() -> None:
+    # Runs after TestLockstep in file order; fails if the machine never reached a rare path.
+    missing = [p for p in RARE_PATHS if fuzz.COVERAGE[p] == 0]
+    assert not missing, f"never reached: {missing}; coverage: {dict(fuzz.COVERAGE)}"
