@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import hypothesis.strategies as st
-from hypothesis import HealthCheck, event, settings, target
+from hypothesis import HealthCheck, Phase, event, settings, target
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
@@ -266,8 +266,10 @@ def run_machine(
     step_fn: Callable[[rc.CoreState, Any], rc.Step] = rc.step,
     max_examples: int = 200,
     derandomize: bool = True,
+    shrink: bool = False,
 ) -> BaseException | None:
-    """Run the machine against ``step_fn``; return the failure, or ``None`` if none was found."""
+    """Run the machine against ``step_fn``; return the failure, or ``None`` if none was found.
+    Shrinking is off by default: judging a mutant needs a failure, not the smallest one."""
     machine = type("Machine", (LockstepMachine,), {"step_fn": staticmethod(step_fn)})
     test = machine.TestCase
     test.settings = settings(
@@ -278,9 +280,10 @@ def run_machine(
         database=None,
         suppress_health_check=list(HealthCheck),
         print_blob=False,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, *([Phase.shrink] if shrink else [])],
     )
     try:
         test("runTest").runTest()
-    except BaseException as err:  # noqa: BLE001 - the failure is the result
+    except BaseException as err:
         return err
     return None

@@ -1,12 +1,13 @@
 """The transition table: which events each scope state accepts, and why the others are refused.
 
 ``TABLE[(state, event type)]`` names the handler of every legal pair; ``None`` stands for a scope
-that has not been submitted yet. Any pair missing from ``TABLE`` is illegal and ``REFUSALS`` gives
-the error raised for it (the state is left untouched). ``NEXT_STATE`` gives the possible next states where they differ from the current one
-(``WriterClosed`` can also complete ALIGN: aligning -> active). Tests enumerate the full product of
-``ScopeState`` (plus ``None``) and ``SCOPE_EVENTS``; ``docs/protocol.md``'s state diagram is
-generated from this table. Events that name only a page (``WriterClosed``, ``PageReused``) are
-dispatched on the page's owner and are legal in every state of it.
+that has not been submitted yet. Any pair missing from ``TABLE`` is illegal and ``refusal`` builds
+the error raised for it (the state is left untouched). ``NEXT_STATE`` gives the possible next
+states where they differ from the current one (``WriterClosed`` can also complete ALIGN: aligning
+-> active). Tests enumerate the full product of ``ScopeState`` (plus ``None``) and
+``SCOPE_EVENTS``; ``docs/protocol.md``'s state diagram is generated from this table. Events that
+name only a page (``WriterClosed``, ``PageReused``) are dispatched on the page's owner and are
+legal in every state of it.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ import structlog
 from structlog.testing import capture_logs
 
 import retire_core as rc
+from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance as A
 from retire_spec.invariants import QUIESCENCE
 from tests.helpers import UNI, lockstep_at
-from retire_checks.lockstep import Lockstep
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -222,14 +222,31 @@ def test_one_log_event_per_transition() -> None:
         r.handle(rc.Submit("s", "t", "f", (1,)))
         r.handle(rc.ParticipantStarted("s", 0, "a"))
         cmds = r.handle(rc.Supersede("s", (2,)))
-    assert [entry["transition"] for entry in logs] == ["open", "launch", "supersede", "fence", "resume"]
+    assert [entry["transition"] for entry in logs] == [
+        "open",
+        "launch",
+        "supersede",
+        "fence",
+        "resume",
+    ]
     assert all(entry["event"] == "retire.transition" for entry in logs)
     assert logs[2]["changed"] == {"epoch": 1, "state": "aligning", "admitted": False}
     assert [e["seq"] for e in logs] == [1, 2, 3, 4, 5]
     assert rc.Fence("s", 0, ("a",)) in cmds
 
 
-FORBIDDEN = {"vllm", "torch", "threading", "asyncio", "time", "socket", "subprocess", "os", "io", "z3"}
+FORBIDDEN = {
+    "vllm",
+    "torch",
+    "threading",
+    "asyncio",
+    "time",
+    "socket",
+    "subprocess",
+    "os",
+    "io",
+    "z3",
+}
 
 
 @pytest.mark.parametrize("package", ["retire_core", "spec"])

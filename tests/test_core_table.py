@@ -1,4 +1,4 @@
-"""The transition table, enumerated: every scope state × every scope event kind."""
+"""The transition table, enumerated: every scope state times every scope event kind."""
 
 from __future__ import annotations
 
@@ -36,22 +36,24 @@ def _event(kind: type, state: rc.CoreState) -> Any:
         rc.Cancel: lambda: rc.Cancel("s0"),
         # A late launch (older version) where one exists, else a launch of the current version.
         rc.ParticipantStarted: lambda: rc.ParticipantStarted("s0", max(epoch - 1, 0), "q3"),
-        rc.Receipt: lambda: rc.Receipt("s0", rec.participants[running[0]].version, running[0])
-        if running
-        else rc.Receipt("s0", epoch, "q3"),
+        rc.Receipt: lambda: (
+            rc.Receipt("s0", rec.participants[running[0]].version, running[0])
+            if running
+            else rc.Receipt("s0", epoch, "q3")
+        ),
         rc.FrameArrived: lambda: rc.FrameArrived(
             "s0", rec.participants[running[0]].version if running else epoch, 0, rc.FrameKind.TOKEN
         ),
-        rc.PageAllocated: lambda: rc.PageAllocated(
-            "s0", rec.participants[running[0]].version, running[0], 3, 1
-        )
-        if running
-        else rc.PageAllocated("s0", epoch, "q3", 3, 1),
-        rc.WriteAttempted: lambda: rc.WriteAttempted(
-            "s0", rec.participants[running[0]].version, running[0], 2
-        )
-        if running
-        else rc.WriteAttempted("s0", epoch, "q3", 2),
+        rc.PageAllocated: lambda: (
+            rc.PageAllocated("s0", rec.participants[running[0]].version, running[0], 3, 1)
+            if running
+            else rc.PageAllocated("s0", epoch, "q3", 3, 1)
+        ),
+        rc.WriteAttempted: lambda: (
+            rc.WriteAttempted("s0", rec.participants[running[0]].version, running[0], 2)
+            if running
+            else rc.WriteAttempted("s0", epoch, "q3", 2)
+        ),
         rc.AdoptionReport: lambda: rc.AdoptionReport(
             "s0",
             epoch,
@@ -93,7 +95,13 @@ def test_every_state_event_pair(state_name: str, kind: type) -> None:
         assert ls.core is before and (hash(before), before) == snapshot
         if not legal:
             return
-        assert kind in (rc.AdoptionReport, rc.Receipt, rc.PageAllocated, rc.WriteAttempted, rc.ParticipantStarted)
+        assert kind in (
+            rc.AdoptionReport,
+            rc.Receipt,
+            rc.PageAllocated,
+            rc.WriteAttempted,
+            rc.ParticipantStarted,
+        )
         return
     assert legal, f"{kind.__name__} was accepted in state {state_name}"
     # A legal step must be a spec step: replay it through the lock-step harness.
