@@ -1,0 +1,1178 @@
+"""``RetireEngine``: ``retire_core.Retire`` as the control logic of a real vLLM engine.
+
+The facade owns an in-process ``LLMEngine`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with tensor
+parallelism the workers run in their own processes, the scheduler stays here) whose scheduler is
+:class:`retire_vllm.scheduler.RetireScheduler`, and steps it by hand.  It never decides protocol:
+it turns what it observes in vLLM into core events and carries out the commands it gets back.
+
+Observation -> event (where):
+
+* ``submit`` / ``supersede`` / ``pause`` / ``unpause`` / ``cancel`` -> the user events.
+* a request added for an admitted version -> ``ParticipantStarted`` (the request, and with TP > 1
+  each worker rank ``<request>/rank<r>``).
+* after ``Scheduler.schedule`` (``RetireScheduler.after_schedule``, before the model runs): every
+  block id new to a request -> ``PageAllocated(position = block index)``; every block the step
+  will write -> ``WriteAttempted(completes = the step fills it)`` (the write gate).
+* after the step: every block filled in the step -> ``WriterClosed(digest of its KV bytes)`` (a
+  full block of a running request is never written again); a request that finished ->
+  ``WriterClosed`` for its remaining open (partial) blocks, then ``Receipt`` per participant.
+* before ``Scheduler.update_from_output`` (``RetireScheduler.before_commit``): one ``COMMIT``
+  frame per scheduled request -> ``FrameArrived``; a dropped commit is refused (research (f)).
+* each ``RequestOutput`` of ``LLMEngine.step()`` -> a ``TOKEN`` frame at the *engine boundary*
+  (published frames go to the scope's consumer queue); each queued chunk read by ``consume`` ->
+  a second ``TOKEN`` frame at the *consumer boundary* (so a chunk queued before a revision and read
+  after it is dropped).  Every frame id is decided exactly once.
+* ``BlockPool.get_new_blocks`` handing out a block id the facade still retains (only possible if
+  a reference was lost) -> ``PageReused``.
+
+Command -> action: ``Publish``/``Drop`` deliver or discard the frame (a dropped ``COMMIT`` refuses
+the step's commit); ``Fence`` aborts the requests (deferred to the step boundary while a step
+runs) and reports ``WriterClosed`` for their open pages and a ``Receipt`` per participant (ranks
+through ``collective_rpc``); ``AllowWrite`` lets the step run, ``FenceWrite`` raises
+:class:`IsolationError` (vLLM gives a request only its own blocks, so it is unreachable unless
+bookkeeping is broken); ``PinCertified`` takes one ``BlockPool.touch`` reference per certified
+block and queues the byte check, which runs at the next step boundary just before admission
+(``AdoptionReport``); ``Adopt`` keeps the pins until the successor's first schedule shows it holds
+exactly those blocks as its prefix hit, then drops them; ``Unpin`` drops pins and, after a failed
+verification, evicts the block hashes so vLLM cannot reuse them; ``Admit`` adds the version's
+request under the physical ``cache_salt`` of its adopted pages (or a fresh one when cold) and
+checks, before it can be scheduled, that its prefix hit is exactly the adopted block ids;
+``Free`` evicts the block's hash and drops the facade's retention reference (taken at
+allocation, so that every page the core tracks is really kept by vLLM).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import attrs
+import structlog
+
+from retire_core import (
+    DEFAULT_CONTRACT,
+    Admit,
+    Adopt,
+    AdoptionReport,
+    AllowWrite,
+    Cancel,
+    Certificate,
+    Command,
+    Contract,
+    Drop,
+    Event,
+    Fence,
+    FenceWrite,
+    FrameArrived,
+    FrameKind,
+    Free,
+    PageAllocated,
+    PageDigest,
+    PageReused,
+    ParticipantStarted,
+    Pause,
+    PinCertified,
+    Publish,
+    Receipt,
+    Retire,
+    ScopeState,
+    Submit,
+    Supersede,
+    Unpause,
+    Unpin,
+    WriteAttempted,
+    WriterClosed,
+)
+
+from . import identity
+from . import introspect as ix
+from .api import Delivery
+from .engine_config import BLOCK_SIZE, build_engine
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+#: The numerical mode this engine runs in (float32 weights and KV, greedy sampling).
+ENGINE_NUMERICAL_MODE = "fp32-greedy"
+#: Unpin reasons that mean "the page failed verification": its hash is evicted.
+VERIFICATION_FAILURES = frozenset(
+    {"digest_mismatch", "generation_changed", "page_lost", "verification_failed"}
+)
+
+_FACADE_IDS = itertools.count()
+
+
+class IntegrationError(RuntimeError):
+    """vLLM did something the integration's bookkeeping cannot account for."""
+
+
+class IsolationError(IntegrationError):
+    """The core fenced a write that vLLM was about to make (Rule 3 would be broken)."""
+
+
+class LeakError(IntegrationError):
+    """``close`` found blocks, pins or pages left behind."""
+
+
+# --- records: what each version did ------------------------------------------------------------
+
+
+@attrs.define
+class VersionRecord:
+    """Everything one version of a scope did, as observed by the facade."""
+
+    scope: str
+    version: int
+    prompt: tuple[int, ...]
+    max_tokens: int
+    contract: Contract
+    context: tuple[str, ...]
+    submitted_at: float
+    salt: str | None = None  # the physical cache_salt its request ran under
+    request_id: str | None = None
+    participants: tuple[str, ...] = ()
+    admitted: bool = False
+    admitted_at: float | None = None
+    cold: bool | None = None
+    adopted_blocks: int = 0
+    adopted_pages: tuple[int, ...] = ()
+    certificate: tuple[tuple[int, int, int, str], ...] = ()  # (page, position, generation, digest)
+    adoption_report: dict[int, str] = attrs.field(factory=dict)  # page -> digest read
+    released: list[tuple[int, str]] = attrs.field(factory=list)  # (page, reason)
+    hit_block_ids: tuple[int, ...] | None = None  # vLLM's prefix hit at first schedule
+    num_cached_tokens: int | None = None  # as reported by vLLM's RequestOutput
+    output_token_ids: list[int] = attrs.field(factory=list)  # everything vLLM generated
+    delivered_token_ids: list[int] = attrs.field(factory=list)  # what the consumer got
+    dropped_engine_tokens: int = 0  # dropped at the engine boundary
+    dropped_consumer_tokens: int = 0  # dropped at the consumer boundary (sat in the queue)
+    commits: int = 0
+    commits_dropped: int = 0
+    writes: int = 0
+    pages: list[int] = attrs.field(factory=list)  # block ids allocated for this version
+    receipts: dict[str, float] = attrs.field(factory=dict)  # participant -> time
+    rank_receipts: list[dict[str, Any]] = attrs.field(factory=list)
+    finish_reason: str | None = None
+    fenced: bool = False
+    first_output_at: float | None = None
+    first_delivery_at: float | None = None
+    last_delivery_at: float | None = None
+    finished_at: float | None = None
+    closed_at: float | None = None
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.participants) and all(p in self.receipts for p in self.participants)
+
+
+@attrs.define
+class ScopeLog:
+    scope: str
+    tenant: str
+    versions: list[VersionRecord] = attrs.field(factory=list)
+
+    @property
+    def current(self) -> VersionRecord:
+        return self.versions[-1]
+
+    def version(self, v: int) -> VersionRecord:
+        return self.versions[v]
+
+
+@attrs.define
+class ExternalRequest:
+    """A request that is not under Retire (a co-tenant, or a native baseline's request)."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    salt: str | None
+    token_ids: list[int] = attrs.field(factory=list)
+    num_cached_tokens: int | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@attrs.define
+class Stats:
+    frames_published: int = 0
+    frames_dropped: int = 0
+    commits_dropped: int = 0
+    writes_allowed: int = 0
+    fences: int = 0
+    fences_deferred: int = 0
+    pins: int = 0
+    adopted_pages: int = 0
+    released_pages: int = 0
+    uncertified_hashes_evicted: int = 0
+    pages_reused: int = 0
+    refs_lost: int = 0
+
+
+# --- internal bookkeeping ----------------------------------------------------------------------
+
+
+@attrs.define
+class _Req:
+    rid: str
+    scope: str
+    version: int
+    participants: tuple[str, ...]
+    salt: str
+    adopted: tuple[int, ...] = ()
+    block_ids: list[int] = attrs.field(factory=list)
+    pages: list[int] = attrs.field(factory=list)
+    handoff_pins: list[int] = attrs.field(factory=list)
+    scheduled: bool = False
+    finished: bool = False
+    closed: set[str] = attrs.field(factory=set)
+
+
+@attrs.define
+class _Page:
+    page: int
+    scope: str
+    version: int
+    rid: str
+    position: int
+    salt: str
+    retain_gen: int | None  # spy generation when the retention reference was taken
+    # One entry per pin reference we hold (the spy generation when taken): a certificate pin,
+    # which becomes the handoff pin after Adopt; a page can carry a predecessor's handoff pin
+    # and a newer certificate's pin at the same time.
+    pins: list[int] = attrs.field(factory=list)
+    cert_version: int | None = None  # the successor version of the latest certificate pin
+    writer_open: bool = True
+
+
+@attrs.define
+class _Chunk:
+    scope: str
+    version: int
+    token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+
+
+@attrs.define
+class _Frame:
+    kind: str  # "engine", "consumer", "commit"
+    chunk: _Chunk | None = None
+    rid: str | None = None
+    outcome: str | None = None  # "publish" / reason
+
+
+class _NullLogger:
+    def info(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if hasattr(value, "value"):
+        return value.value
+    return str(value)
+
+
+def json_lines_logger(stream: TextIO) -> Any:
+    """A structlog logger that writes each event as one JSON object per line (trace validation
+    reads these)."""
+    return structlog.wrap_logger(
+        structlog.WriteLogger(stream),
+        processors=[structlog.processors.JSONRenderer(default=_json_default, sort_keys=False)],
+    )
+
+
+# --- the facade --------------------------------------------------------------------------------
+
+
+class RetireEngine:
+    """One vLLM engine under one ``retire_core.Retire`` (implements ``api.ReplacementEngine``)."""
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        engine: LLMEngine | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        logger: Any | None = None,
+        tenant: str = "default",
+        log_path: str | Path | None = None,
+        **engine_overrides: Any,
+    ) -> None:
+        from .scheduler import RetireScheduler
+
+        self.clock = clock
+        self.tenant = tenant
+        self.uid = next(_FACADE_IDS)
+        self._owns_engine = engine is None
+        if engine is None:
+            engine_overrides.setdefault("scheduler_cls", RetireScheduler)
+            engine = build_engine(model_path, **engine_overrides)
+        elif engine_overrides:
+            raise TypeError("engine overrides given together with an existing engine")
+        self.engine: LLMEngine = engine
+        self.scheduler: Any = ix.scheduler(engine)
+        if not isinstance(self.scheduler, RetireScheduler):
+            raise TypeError(
+                "the engine's scheduler is not a RetireScheduler: build it with "
+                "scheduler_cls=retire_vllm.scheduler.RetireScheduler"
+            )
+        if self.scheduler.retire_hooks is not None:
+            raise RuntimeError("another RetireEngine is attached to this engine; close it first")
+        if self.scheduler.has_unfinished_requests():
+            raise RuntimeError("attach a RetireEngine to an idle engine")
+        self.kvm: Any = ix.kv_cache_manager(engine)
+        self.pool: Any = ix.block_pool(engine)
+        self.executor: Any = ix.engine_core(engine).model_executor
+        vcfg: Any = ix.engine_core(engine).vllm_config
+        self.block_size: int = int(vcfg.cache_config.block_size)
+        if self.block_size != BLOCK_SIZE:
+            raise IntegrationError(f"block size {self.block_size}, expected {BLOCK_SIZE}")
+        self.tp: int = int(vcfg.parallel_config.tensor_parallel_size)
+        self.max_model_len: int = int(vcfg.model_config.max_model_len)
+        self.model_id = Path(str(vcfg.model_config.model)).name
+        self.dtype = str(vcfg.model_config.dtype).replace("torch.", "")
+        self.fingerprint = identity.fingerprint(
+            model=self.model_id,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            tenant=tenant,
+            tensor_parallel_size=self.tp,
+        )
+
+        self._log_file: TextIO | None = None
+        if log_path is not None:
+            self._log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115
+            logger = json_lines_logger(self._log_file)
+        self.retire = Retire(logger=logger if logger is not None else _NullLogger())
+
+        self.records: dict[str, ScopeLog] = {}
+        self.external: dict[str, ExternalRequest] = {}
+        self.stats = Stats()
+        self._reqs: dict[str, _Req] = {}
+        self._participant_rid: dict[str, str] = {}
+        self._internal: dict[str, str] = {}  # external request id -> internal id
+        self._pages: dict[int, _Page] = {}
+        self._queues: dict[str, deque[_Chunk]] = {}
+        self._frames: dict[int, _Frame] = {}
+        self._frame_ids = itertools.count()
+        self._salts = itertools.count()
+        self._cmdq: deque[Command] = deque()
+        self._draining = False
+        self._in_step = False
+        self._deferred: list[Fence] = []
+        self._completed: list[int] = []
+        self._pending_reports: dict[tuple[str, int], Certificate] = {}
+        self._held: set[str] = set()
+        self._during_step: list[Callable[[RetireEngine], None]] = []
+        self.observers: list[Any] = []  # objects with before_execute(facade, writes)/after_step
+        self._step_writes: list[tuple[str, int, int]] = []  # (rid, block id, position)
+        self._closed = False
+        self._steps = 0
+
+        self.spy = ix.GenerationSpy(self.pool).install()
+        self.spy.listeners.append(self._on_blocks_handed_out)
+        self.initial_free_blocks = self.pool.get_num_free_blocks()
+        self.scheduler.retire_hooks = self
+
+    # ---- user API (api.ReplacementEngine) -----------------------------------------------------
+
+    def submit(
+        self,
+        scope: str,
+        prompt: Sequence[int],
+        contract: Contract = DEFAULT_CONTRACT,
+        max_tokens: int = 16,
+    ) -> int:
+        self._check_contract(contract)
+        tokens = self._check_prompt(prompt, max_tokens)
+        context = self._context(scope, tokens, contract)
+        record = VersionRecord(scope, 0, tokens, max_tokens, contract, context, self.clock())
+
+        def accept() -> None:
+            self.records[scope] = ScopeLog(scope, self.tenant, [record])
+            self._queues[scope] = deque()
+
+        self._emit(Submit(scope, self.tenant, self.fingerprint, context, contract), accept)
+        return 0
+
+    def supersede(
+        self,
+        scope: str,
+        prompt: Sequence[int],
+        contract: Contract = DEFAULT_CONTRACT,
+        max_tokens: int = 16,
+    ) -> int:
+        self._check_contract(contract)
+        tokens = self._check_prompt(prompt, max_tokens)
+        context = self._context(scope, tokens, contract)
+
+        def accept() -> None:
+            version = self.retire.current_version(scope)
+            record = VersionRecord(
+                scope, version, tokens, max_tokens, contract, context, self.clock()
+            )
+            self.records[scope].versions.append(record)
+
+        self._emit(Supersede(scope, context, contract), accept)
+        return self.retire.current_version(scope)
+
+    def pause(self, scope: str) -> None:
+        self._emit(Pause(scope))
+
+    def unpause(self, scope: str) -> None:
+        self._emit(Unpause(scope))
+
+    def cancel(self, scope: str) -> None:
+        self._emit(Cancel(scope))
+
+    def step(self) -> None:
+        """Byte-check pending certificates and admit, run one engine step, then report what it
+        did (closed writers, outputs, finished requests) and carry out fences deferred to this
+        step boundary."""
+        self._send_reports()
+        self._in_step = True
+        try:
+            outputs = self.engine.step()
+        finally:
+            self._in_step = False
+        self._steps += 1
+        self._close_completed_writers()
+        for out in outputs:
+            self._on_output(out)
+        deferred, self._deferred = self._deferred, []
+        self._run(deferred)
+        for obs in self.observers:
+            obs.after_step(self)
+
+    def consume(self, scope: str) -> list[Delivery]:
+        """What the consumer of ``scope`` reads now: every queued chunk crosses the consumer
+        boundary as its own frame and is delivered only if the core publishes it."""
+        queue = self._queues.get(scope)
+        delivered: list[Delivery] = []
+        while queue:
+            chunk = queue.popleft()
+            frame = self._new_frame(_Frame("consumer", chunk=chunk))
+            self._emit(FrameArrived(scope, chunk.version, frame, FrameKind.TOKEN))
+            outcome = self._frames.pop(frame).outcome
+            assert outcome is not None, "a frame must be decided when it arrives"
+            rec = self.records[scope].version(chunk.version)
+            if outcome == "publish":
+                now = self.clock()
+                delivered.append(
+                    Delivery(scope, chunk.version, chunk.token_ids, chunk.finished, now)
+                )
+                rec.delivered_token_ids.extend(chunk.token_ids)
+                if chunk.token_ids:
+                    rec.last_delivery_at = now
+                    if rec.first_delivery_at is None:
+                        rec.first_delivery_at = now
+            else:
+                rec.dropped_consumer_tokens += len(chunk.token_ids)
+        return delivered
+
+    def has_unfinished(self) -> bool:
+        """Is there work a ``step`` can advance?  Requests of paused scopes and successors held
+        by :meth:`hold_admission` do not count (stepping cannot finish them)."""
+        pending = any(scope not in self._held for scope, _ in self._pending_reports)
+        live = int(self.scheduler.get_num_unfinished_requests())
+        paused = len(self.withheld(self.scheduler) & set(self.scheduler.requests))
+        return bool(live > paused or pending or self._deferred)
+
+    def close(self) -> None:
+        """Cancel every scope, drain the engine, and check that every block, pin and page the
+        facade took is back: the engine's free block count equals its value at attach time."""
+        if self._closed:
+            return
+        try:
+            for scope in list(self.records):
+                if self.retire.scope(scope).state is not ScopeState.CANCELLED:
+                    self.cancel(scope)
+            self._held.clear()
+            for _ in range(100_000):
+                if not self.has_unfinished():
+                    break
+                self.step()
+            problems = self.leaks()
+        finally:
+            self._closed = True
+            self.scheduler.retire_hooks = None
+            self.spy.uninstall()
+            if self._log_file is not None:
+                self._log_file.close()
+        if problems:
+            raise LeakError("; ".join(problems))
+
+    def shutdown(self) -> None:
+        """``close`` and, if this facade built the engine, shut the engine down."""
+        try:
+            self.close()
+        finally:
+            if self._owns_engine:
+                self.engine.engine_core.shutdown()
+
+    # ---- extras used by tests, the checker and benchmarks -----------------------------------
+
+    def leaks(self) -> list[str]:
+        problems = []
+        free = self.pool.get_num_free_blocks()
+        if free != self.initial_free_blocks:
+            problems.append(f"free blocks {free} != {self.initial_free_blocks} at attach time")
+        pinned = self.retire.pinned_pages()
+        if pinned:
+            problems.append(f"core still pins pages {list(pinned)}")
+        ours = sorted(p for p, pg in self._pages.items() if pg.pins)
+        if ours:
+            problems.append(f"facade still holds pins on blocks {ours}")
+        if self._pages:
+            problems.append(f"facade still retains blocks {sorted(self._pages)}")
+        if self.retire.state.pages:
+            problems.append(f"core still tracks pages {sorted(self.retire.state.pages)}")
+        return problems
+
+    def hold_admission(self, scope: str) -> None:
+        """Keep ``scope``'s next successor waiting (pinned, not byte-checked, not admitted) until
+        :meth:`release_admission`: models a successor queued behind other traffic."""
+        self._held.add(scope)
+
+    def release_admission(self, scope: str) -> None:
+        self._held.discard(scope)
+
+    def during_next_step(self, callback: Callable[[RetireEngine], None]) -> None:
+        """Run ``callback(self)`` inside the next step, after scheduling and before the model
+        executes: a revision or cancel issued there arrives while the step is in flight."""
+        self._during_step.append(callback)
+
+    def add_external(
+        self, request_id: str, prompt: Sequence[int], max_tokens: int, salt: str | None = None
+    ) -> str:
+        """Add a request that is not under Retire (a co-tenant); its output is kept in
+        ``external``."""
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        inputs: dict[str, Any] = {"prompt_token_ids": list(prompt)}
+        if salt is not None:
+            inputs["cache_salt"] = salt
+        if request_id in self._internal:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        rid = self.engine.add_request(request_id, inputs, params)  # type: ignore[arg-type]
+        self._internal[request_id] = rid
+        self.external[rid] = ExternalRequest(rid, tuple(prompt), salt)
+        return rid
+
+    def run_until_idle(self, max_steps: int = 100_000) -> int:
+        for n in range(max_steps):
+            if not self.has_unfinished():
+                return n
+            self.step()
+        raise RuntimeError(f"engine still busy after {max_steps} steps")
+
+    def read_digests(self, pages: Iterable[int]) -> dict[int, str]:
+        """sha256 of the KV bytes of each block (all layers, K and V; with TP the per-rank
+        digests combined), read through ``collective_rpc`` so that it works for every executor."""
+        ids = sorted(set(pages))
+        if not ids:
+            return {}
+        per_rank = self.executor.collective_rpc(ix.worker_block_digests, args=(ids,))
+        if len(per_rank) == 1:
+            return {p: _lookup(per_rank[0], p) for p in ids}
+        return {
+            p: hashlib.sha256("|".join(_lookup(r, p) for r in per_rank).encode()).hexdigest()
+            for p in ids
+        }
+
+    def digest_for_adoption(self, pages: Sequence[int]) -> dict[int, str]:
+        """The byte check reported in ``AdoptionReport`` (tests patch this to disable it)."""
+        return self.read_digests(pages)
+
+    def owner_of(self, block_id: int) -> tuple[str, int] | None:
+        page = self._pages.get(block_id)
+        return None if page is None else (page.scope, page.version)
+
+    def page_generation(self, block_id: int) -> int:
+        return self.spy.gen(block_id)
+
+    def pinned_blocks(self) -> list[int]:
+        return sorted(p for p, pg in self._pages.items() if pg.pins)
+
+    def live_request_ids(self) -> list[str]:
+        """Requests with a participant that has not delivered its receipt yet."""
+        return sorted(rid for rid, r in self._reqs.items() if len(r.closed) < len(r.participants))
+
+    def live_obsolete_request_ids(self) -> list[str]:
+        """Live requests of versions that are no longer current (or of cancelled scopes)."""
+        out = []
+        for rid in self.live_request_ids():
+            req = self._reqs[rid]
+            rec = self.retire.scope(req.scope)
+            if req.version != rec.epoch or rec.state is ScopeState.CANCELLED:
+                out.append(rid)
+        return out
+
+    def request_of(self, scope: str, version: int) -> str | None:
+        return self.records[scope].version(version).request_id
+
+    def version_record(self, scope: str, version: int | None = None) -> VersionRecord:
+        log = self.records[scope]
+        return log.current if version is None else log.version(version)
+
+    # ---- scheduler hooks (RetireScheduler) -----------------------------------------------------
+
+    def withheld(self, scheduler: Any) -> set[str]:
+        held = set()
+        for scope, log in self.records.items():
+            rec = self.retire.scope(scope)
+            if rec.state is ScopeState.PAUSED:
+                rid = log.version(rec.epoch).request_id
+                if rid is not None:
+                    held.add(rid)
+        return held
+
+    def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
+        callbacks, self._during_step = self._during_step, []
+        for callback in callbacks:
+            callback(self)
+        self._step_writes = []
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            req = self._reqs.get(rid)
+            if req is None:
+                continue
+            request = scheduler.requests[rid]
+            ids = list(self.kvm.get_block_ids(rid)[0])
+            end = int(request.num_computed_tokens)
+            start = end - int(n)
+            if not req.scheduled:
+                req.scheduled = True
+                self._check_prefix_hit(req, ids, start)
+            known = set(req.pages) | set(req.adopted)
+            for idx, bid in enumerate(ids):
+                if bid not in known:
+                    self._allocate(req, bid, idx)
+            req.block_ids = ids
+            rec = self.records[req.scope].version(req.version)
+            bs = self.block_size
+            for idx in range(start // bs, (end - 1) // bs + 1):
+                bid = ids[idx]
+                completes = end >= (idx + 1) * bs
+                cmds = self._emit(WriteAttempted(req.scope, req.version, rid, bid, completes))
+                if not any(isinstance(c, AllowWrite) and c.page == bid for c in cmds):
+                    raise IsolationError(f"write of {rid} into block {bid} was not allowed")
+                rec.writes += 1
+                self._step_writes.append((rid, bid, idx))
+                if completes:
+                    self._completed.append(bid)
+        for obs in self.observers:
+            obs.before_execute(self, list(self._step_writes))
+
+    def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
+        refused: set[str] = set()
+        for rid in scheduler_output.num_scheduled_tokens:
+            req = self._reqs.get(rid)
+            if req is None:
+                continue
+            frame = self._new_frame(_Frame("commit", rid=rid))
+            self._emit(FrameArrived(req.scope, req.version, frame, FrameKind.COMMIT))
+            rec = self.records[req.scope].version(req.version)
+            rec.commits += 1
+            outcome = self._frames.pop(frame).outcome
+            assert outcome is not None, "a commit must be decided when it arrives"
+            if outcome != "publish":
+                refused.add(rid)
+                rec.commits_dropped += 1
+                self.stats.commits_dropped += 1
+        return refused
+
+    # ---- event plumbing ------------------------------------------------------------------------
+
+    def _emit(self, event: Event, accept: Callable[[], None] | None = None) -> list[Command]:
+        commands = self.retire.handle(event)  # raises (and changes nothing) on bad input
+        if accept is not None:
+            accept()
+        self._run(commands)
+        return commands
+
+    def _run(self, commands: Iterable[Command]) -> None:
+        self._cmdq.extend(commands)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._cmdq:
+                self._execute(self._cmdq.popleft())
+        finally:
+            self._draining = False
+            self._cmdq.clear()
+
+    def _execute(self, cmd: Command) -> None:
+        if isinstance(cmd, Publish):
+            self._on_publish(cmd)
+        elif isinstance(cmd, Drop):
+            self._on_drop(cmd)
+        elif isinstance(cmd, Fence):
+            if self._in_step:
+                self._deferred.append(cmd)
+                self.stats.fences_deferred += 1
+            else:
+                self._fence(cmd)
+        elif isinstance(cmd, AllowWrite):
+            self.stats.writes_allowed += 1
+        elif isinstance(cmd, FenceWrite):
+            raise IsolationError(
+                f"the core fenced a write of {cmd.participant} into block {cmd.page} "
+                f"({cmd.reason}); vLLM cannot stop a scheduled write"
+            )
+        elif isinstance(cmd, PinCertified):
+            self._pin(cmd.certificate)
+        elif isinstance(cmd, Adopt):
+            self._adopt(cmd)
+        elif isinstance(cmd, Unpin):
+            self._unpin(cmd)
+        elif isinstance(cmd, Admit):
+            self._admit(cmd)
+        elif isinstance(cmd, Free):
+            self._free(cmd)
+        else:  # pragma: no cover - the Command union is closed
+            raise TypeError(f"unknown command {cmd!r}")
+
+    # ---- frames ---------------------------------------------------------------------------------
+
+    def _new_frame(self, frame: _Frame) -> int:
+        fid = next(self._frame_ids)
+        self._frames[fid] = frame
+        return fid
+
+    def _on_publish(self, cmd: Publish) -> None:
+        frame = self._frames[cmd.frame]
+        frame.outcome = "publish"
+        self.stats.frames_published += 1
+        if frame.kind == "engine":
+            assert frame.chunk is not None
+            self._queues[cmd.scope].append(frame.chunk)
+            self._frames.pop(cmd.frame)
+
+    def _on_drop(self, cmd: Drop) -> None:
+        frame = self._frames[cmd.frame]
+        frame.outcome = cmd.reason
+        self.stats.frames_dropped += 1
+        if frame.kind == "engine":
+            assert frame.chunk is not None
+            rec = self.records[cmd.scope].version(cmd.version)
+            rec.dropped_engine_tokens += len(frame.chunk.token_ids)
+            self._frames.pop(cmd.frame)
+
+    def _on_output(self, out: Any) -> None:
+        # RequestOutput carries the external id; map it back to the internal one.
+        rid = self._internal.get(out.request_id, out.request_id)
+        completion = out.outputs[0]
+        tokens = tuple(int(t) for t in completion.token_ids)
+        ext = self.external.get(rid)
+        if ext is not None:
+            ext.token_ids.extend(tokens)
+            if ext.num_cached_tokens is None:
+                ext.num_cached_tokens = out.num_cached_tokens
+            if out.finished:
+                ext.finished = True
+                ext.finish_reason = completion.finish_reason
+            return
+        req = self._reqs.get(rid)
+        if req is None:
+            return
+        rec = self.records[req.scope].version(req.version)
+        now = self.clock()
+        rec.output_token_ids.extend(tokens)
+        if rec.num_cached_tokens is None and out.num_cached_tokens is not None:
+            rec.num_cached_tokens = int(out.num_cached_tokens)
+        if tokens and rec.first_output_at is None:
+            rec.first_output_at = now
+        if out.finished:
+            req.finished = True
+            rec.finish_reason = completion.finish_reason
+            rec.finished_at = now
+        if tokens or out.finished:
+            chunk = _Chunk(req.scope, req.version, tokens, out.finished, completion.finish_reason)
+            frame = self._new_frame(_Frame("engine", chunk=chunk))
+            self._emit(FrameArrived(req.scope, req.version, frame, FrameKind.TOKEN))
+        if out.finished and completion.finish_reason != "abort":
+            self._close_request(req, req.participants)
+
+    # ---- fencing and receipts ------------------------------------------------------------------
+
+    def _fence(self, cmd: Fence) -> None:
+        self.stats.fences += 1
+        by_request: dict[str, list[str]] = {}
+        for participant in cmd.participants:
+            by_request.setdefault(self._participant_rid[participant], []).append(participant)
+        for rid, participants in by_request.items():
+            req = self._reqs[rid]
+            self.records[req.scope].version(req.version).fenced = True
+            if rid in self.scheduler.requests:
+                self.engine.abort_request([rid], internal=True)
+            self._close_request(req, tuple(participants))
+
+    def _close_request(self, req: _Req, participants: Sequence[str]) -> None:
+        """Close the writers of the request's open pages, then deliver receipts: ranks first (each
+        worker answers after any step in flight), the request last."""
+        rec = self.records[req.scope].version(req.version)
+        self._release_handoff_pins(req)
+        open_pages = [p for p in req.pages if p in self._pages and self._pages[p].writer_open]
+        for page, digest in self.read_digests(open_pages).items():
+            self._pages[page].writer_open = False
+            self._emit(WriterClosed(page, digest))
+        todo = [p for p in participants if p not in req.closed]
+        ranks = [p for p in todo if p != req.rid]
+        if ranks:
+            answers = self.executor.collective_rpc(
+                worker_fence_receipt, args=(list(req.block_ids),)
+            )
+            rec.rank_receipts.extend(answers)
+            answered = {f"{req.rid}/rank{int(a['rank'])}" for a in answers}
+            missing = set(ranks) - answered
+            if missing:
+                raise IntegrationError(f"no receipt from {sorted(missing)}")
+        for participant in [*ranks, *(p for p in todo if p == req.rid)]:
+            req.closed.add(participant)
+            rec.receipts[participant] = self.clock()
+            self._emit(Receipt(req.scope, req.version, participant))
+        if rec.closed and rec.closed_at is None:
+            rec.closed_at = self.clock()
+
+    # ---- pages ---------------------------------------------------------------------------------
+
+    def _allocate(self, req: _Req, bid: int, position: int) -> None:
+        if bid in self._pages:
+            raise IntegrationError(
+                f"block {bid} handed to {req.rid} while the facade still retains it for "
+                f"{self._pages[bid].rid}"
+            )
+        self._emit(PageAllocated(req.scope, req.version, req.rid, bid, position))
+        self.pool.touch([self.pool.blocks[bid]])  # the retention reference (= core's "held")
+        self._pages[bid] = _Page(
+            bid, req.scope, req.version, req.rid, position, req.salt, self.spy.gen(bid)
+        )
+        req.pages.append(bid)
+        self.records[req.scope].version(req.version).pages.append(bid)
+
+    def _close_completed_writers(self) -> None:
+        completed, self._completed = self._completed, []
+        todo = [
+            p for p in dict.fromkeys(completed) if p in self._pages and self._pages[p].writer_open
+        ]
+        for page, digest in self.read_digests(todo).items():
+            self._pages[page].writer_open = False
+            self._emit(WriterClosed(page, digest))
+
+    def _ours(self, page: int, gen: int | None) -> bool:
+        """Is a reference we took on ``page`` at generation ``gen`` still on the same block?"""
+        if gen is None:
+            return False
+        if self.spy.gen(page) != gen:
+            self.stats.refs_lost += 1
+            return False
+        return True
+
+    def _pin(self, certificate: Certificate) -> None:
+        rec = self.records[certificate.scope].version(certificate.version)
+        rec.certificate = tuple(
+            (e.page, e.position, e.generation, e.digest) for e in certificate.entries
+        )
+        for entry in certificate.entries:
+            page = self._pages.get(entry.page)
+            if page is None:
+                raise IntegrationError(f"certified block {entry.page} is not retained")
+            self.pool.touch([self.pool.blocks[entry.page]])
+            page.pins.append(self.spy.gen(entry.page))
+            page.cert_version = certificate.version
+            self.stats.pins += 1
+        self._pending_reports[(certificate.scope, certificate.version)] = certificate
+
+    def _send_reports(self) -> None:
+        for key in sorted(self._pending_reports):
+            scope, version = key
+            if scope in self._held:
+                continue
+            certificate = self._pending_reports.pop(key)
+            pages = list(certificate.pages)
+            digests = self.digest_for_adoption(pages)
+            self.records[scope].version(version).adoption_report = dict(digests)
+            report = tuple(PageDigest(p, digests[p]) for p in pages)
+            self._emit(AdoptionReport(scope, version, report))
+
+    def _adopt(self, cmd: Adopt) -> None:
+        rec = self.records[cmd.scope].version(cmd.version)
+        rec.adopted_pages = tuple(cmd.pages)
+        self.stats.adopted_pages += len(cmd.pages)
+        for p in cmd.pages:
+            page = self._pages[p]
+            page.scope, page.version = cmd.scope, cmd.version
+
+    def _unpin(self, cmd: Unpin) -> None:
+        failed = cmd.reason in VERIFICATION_FAILURES
+        for p in cmd.pages:
+            page = self._pages.get(p)
+            if page is None or not page.pins:
+                raise IntegrationError(f"the core unpins block {p}, which the facade never pinned")
+            self.stats.released_pages += 1
+            if page.cert_version is not None:
+                rec = self.records[page.scope].version(page.cert_version)
+                rec.released.append((p, cmd.reason))
+            gen = page.pins.pop()
+            if not self._ours(p, gen):
+                continue  # the block was recycled underneath us: nothing of ours to drop
+            if failed:
+                self.pool.evict_blocks({p})  # never found again as a prefix hit
+            self.pool.free_blocks([self.pool.blocks[p]])
+
+    def _release_handoff_pins(self, req: _Req) -> None:
+        pins, req.handoff_pins = req.handoff_pins, []
+        for p in pins:
+            page = self._pages.get(p)
+            if page is None or not page.pins:
+                raise IntegrationError(f"handoff pin on block {p} is missing")
+            gen = page.pins.pop(0)
+            if self._ours(p, gen):
+                self.pool.free_blocks([self.pool.blocks[p]])
+
+    def _free(self, cmd: Free) -> None:
+        for p in cmd.pages:
+            page = self._pages.pop(p)
+            if page.pins:
+                raise IntegrationError(f"the core freed block {p} while the facade pins it")
+            req = self._reqs.get(page.rid)
+            if req is not None and p in req.pages:
+                req.pages.remove(p)
+            if self._ours(p, page.retain_gen):
+                self.pool.evict_blocks({p})  # freed pages are never reused opportunistically
+                self.pool.free_blocks([self.pool.blocks[p]])
+        self._forget_closed_requests()
+
+    def _forget_closed_requests(self) -> None:
+        for rid in [
+            rid
+            for rid, r in self._reqs.items()
+            if len(r.closed) == len(r.participants) and not r.pages and not r.handoff_pins
+        ]:
+            del self._reqs[rid]
+
+    def _on_blocks_handed_out(self, ids: list[int]) -> None:
+        """GenerationSpy listener: a block id we still retain went to a new owner."""
+        for bid in ids:
+            page = self._pages.get(bid)
+            if page is None:
+                continue
+            core_page = self.retire.state.pages.get(bid)
+            if core_page is None:
+                continue
+            if core_page.held or not core_page.full:
+                raise IntegrationError(
+                    f"block {bid}, held by {page.scope}@{page.version} for the core, was handed "
+                    "to a new owner: a retention reference was lost"
+                )
+            # A pinned, retained page recycled underneath the core: its generation moves on, the
+            # references we took are gone with it (``_ours`` sees the new generation).
+            self.stats.pages_reused += 1
+            self._emit(PageReused(bid))
+
+    # ---- admission -----------------------------------------------------------------------------
+
+    def _admit(self, cmd: Admit) -> None:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        rec = self.records[cmd.scope].version(cmd.version)
+        adopted = rec.adopted_pages[: cmd.adopted_blocks]
+        if len(adopted) != cmd.adopted_blocks:
+            raise IntegrationError(
+                f"Admit {cmd.scope}@{cmd.version} with {cmd.adopted_blocks} adopted blocks, "
+                f"but only {len(rec.adopted_pages)} were handed over"
+            )
+        if adopted:
+            salts = {self._pages[p].salt for p in adopted}
+            if len(salts) != 1:
+                raise IntegrationError(f"adopted pages of {cmd.scope} mix cache salts {salts}")
+            salt = salts.pop()
+        else:
+            salt = f"retire:{self.uid}:{self.tenant}:{cmd.scope}:{next(self._salts)}"
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=rec.max_tokens,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        inputs = {"prompt_token_ids": list(rec.prompt), "cache_salt": salt}
+        external_id = f"{cmd.scope}@{cmd.version}"
+        if external_id in self._internal:
+            raise IntegrationError(f"request id {external_id!r} is already in use")
+        rid = self.engine.add_request(external_id, inputs, params)  # type: ignore[arg-type]
+        self._internal[external_id] = rid
+        ranks = tuple(f"{rid}/rank{r}" for r in range(self.tp)) if self.tp > 1 else ()
+        participants = (rid, *ranks)
+        req = _Req(rid, cmd.scope, cmd.version, participants, salt, adopted=tuple(adopted))
+        req.handoff_pins = list(adopted)  # the certificate pins, now handoff pins
+        self._reqs[rid] = req
+        for participant in participants:
+            self._participant_rid[participant] = rid
+        rec.request_id, rec.participants, rec.salt = rid, participants, salt
+        rec.admitted, rec.admitted_at, rec.cold = True, self.clock(), cmd.cold
+        rec.adopted_blocks = cmd.adopted_blocks
+        self._restrict_prefix_hit(req)
+        for participant in participants:
+            self._emit(ParticipantStarted(cmd.scope, cmd.version, participant))
+
+    def _restrict_prefix_hit(self, req: _Req) -> None:
+        """Before the request can be scheduled: its prefix hit must be exactly the adopted blocks.
+        The adopted blocks must be mapped under the request's own block hashes; any other cached
+        block on its hash chain (same salt, not certified) is evicted from the prefix cache."""
+        request = self.scheduler.requests[req.rid]
+        for i, h in enumerate(request.block_hashes):
+            hit = self.pool.get_cached_block(h, [0])
+            if i < len(req.adopted):
+                if hit is None or hit[0].block_id != req.adopted[i]:
+                    found = None if hit is None else hit[0].block_id
+                    raise IntegrationError(
+                        f"adopted block {req.adopted[i]} of {req.rid} is not its prefix-cache "
+                        f"entry {i} (found {found})"
+                    )
+            elif hit is not None:
+                self.pool.evict_blocks({hit[0].block_id})
+                self.stats.uncertified_hashes_evicted += 1
+
+    def _check_prefix_hit(self, req: _Req, ids: list[int], start: int) -> None:
+        rec = self.records[req.scope].version(req.version)
+        n = len(req.adopted)
+        rec.hit_block_ids = tuple(ids[: start // self.block_size])
+        if start != n * self.block_size or tuple(ids[:n]) != req.adopted:
+            raise IntegrationError(
+                f"{req.rid}: vLLM's prefix hit is {start} tokens / blocks {ids[: max(n, 1)]}, "
+                f"the core adopted {n} blocks {list(req.adopted)}"
+            )
+        self._release_handoff_pins(req)  # the successor's own references hold them now
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _context(self, scope: str, tokens: tuple[int, ...], contract: Contract) -> tuple[str, ...]:
+        return identity.prefix_identities(
+            tokens,
+            tenant=self.tenant,
+            scope=scope,
+            numerical_mode=contract.numerical_mode,
+            block_size=self.block_size,
+        )
+
+    def _check_prompt(self, prompt: Sequence[int], max_tokens: int) -> tuple[int, ...]:
+        """Refuse what vLLM would refuse *before* the core hears of it."""
+        tokens = tuple(int(t) for t in prompt)
+        if not tokens:
+            raise ValueError("empty prompt")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if len(tokens) + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"{len(tokens)} prompt tokens + {max_tokens} exceed max_model_len "
+                f"{self.max_model_len}"
+            )
+        return tokens
+
+    def _check_contract(self, contract: Contract) -> None:
+        if contract.numerical_mode != ENGINE_NUMERICAL_MODE:
+            raise ValueError(
+                f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {contract.numerical_mode!r}"
+            )
+        if contract.equivalence != "exact":
+            raise ValueError(
+                f"only exact output equivalence is supported, not {contract.equivalence!r}"
+            )
+
+
+def _lookup(digests: dict[Any, str], page: int) -> str:
+    value = digests.get(page)
+    if value is None:
+        value = digests[str(page)]
+    return value
+
+
+def worker_fence_receipt(worker: Any, block_ids: Sequence[int]) -> dict[str, Any]:
+    """Runs on every worker rank (``collective_rpc``), after any step in flight: the rank's
+    receipt for a fenced request, with the digests of the request's blocks on that rank."""
+    return {
+        "rank": int(getattr(worker, "rank", 0)),
+        "digests": ix.worker_block_digests(worker, list(block_ids)),
+    }
+
+
+# --- several engines sharing nothing -------------------------------------------------------------
+
+
+class RetireFleet:
+    """Several ``RetireEngine``s (each its own vLLM engine and its own core) behind one
+    ``ReplacementEngine``: a scope lives on one engine, chosen at submit time."""
+
+    def __init__(
+        self,
+        engines: Sequence[RetireEngine],
+        place: Callable[[str], int] | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("a fleet needs at least one engine")
+        self.engines = list(engines)
+        self._place = place or (
+            lambda scope: int(hashlib.sha256(scope.encode()).hexdigest(), 16) % len(self.engines)
+        )
+        self._home: dict[str, RetireEngine] = {}
+
+    def engine_of(self, scope: str) -> RetireEngine:
+        return self._home[scope]
+
+    def submit(self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int) -> int:
+        if scope in self._home:
+            return self._home[scope].submit(scope, prompt, contract, max_tokens)  # raises
+        engine = self.engines[self._place(scope)]
+        version = engine.submit(scope, prompt, contract, max_tokens)
+        self._home[scope] = engine
+        return version
+
+    def supersede(
+        self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int
+    ) -> int:
+        return self.engine_of(scope).supersede(scope, prompt, contract, max_tokens)
+
+    def pause(self, scope: str) -> None:
+        self.engine_of(scope).pause(scope)
+
+    def unpause(self, scope: str) -> None:
+        self.engine_of(scope).unpause(scope)
+
+    def cancel(self, scope: str) -> None:
+        self.engine_of(scope).cancel(scope)
+
+    def step(self) -> None:
+        for engine in self.engines:
+            if engine.has_unfinished():
+                engine.step()
+
+    def consume(self, scope: str) -> list[Delivery]:
+        return self.engine_of(scope).consume(scope)
+
+    def has_unfinished(self) -> bool:
+        return any(e.has_unfinished() for e in self.engines)
+
+    def close(self) -> None:
+        problems = []
+        for engine in self.engines:
+            try:
+                engine.close()
+            except LeakError as err:
+                problems.append(str(err))
+        if problems:
+            raise LeakError("; ".join(problems))

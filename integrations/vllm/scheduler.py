@@ -1,0 +1,79 @@
+"""``RetireScheduler``: vLLM's scheduler with Retire's two step-level hook points.
+
+Built with ``scheduler_cls=RetireScheduler`` (``EngineArgs``); with no facade attached
+(``retire_hooks is None``) it behaves exactly like ``vllm.v1.core.sched.scheduler.Scheduler``.
+A facade attaches itself as ``retire_hooks`` and then gets:
+
+* ``withheld(scheduler) -> set[str]``: request ids that must not be scheduled in this step
+  (paused scopes); they are taken out of ``running`` around ``Scheduler.schedule`` and put back
+  in their places afterwards (vLLM keeps an unscheduled request's cached state).
+* ``after_schedule(scheduler, scheduler_output)``: called once the step is scheduled and blocks
+  are allocated, *before* the model executes: the facade reports allocations and the writes this
+  step will make (the write gate), and it is the point where revisions that arrive while a step
+  runs land (the step's KV writes then happen after ADVANCE: "late steps").
+* ``before_commit(scheduler, scheduler_output) -> set[str]``: the commit gate.  Called before
+  ``Scheduler.update_from_output`` commits the step; the facade asks the core about a ``COMMIT``
+  frame for every scheduled request it manages and returns the ids whose commit was dropped.
+  Those requests are finished (``FINISHED_ABORTED``) *before* the base class commits, so their
+  sampled tokens are never appended (the base loop skips finished requests), and a terminal
+  ``finish_reason=ABORT`` output is added for each, so the front end closes them too (research
+  item (f): without it ``LLMEngine.has_unfinished_requests()`` never turns false).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.request import RequestStatus
+
+
+class SchedulerHooks(Protocol):
+    def withheld(self, scheduler: RetireScheduler) -> set[str]: ...
+
+    def after_schedule(self, scheduler: RetireScheduler, scheduler_output: Any) -> None: ...
+
+    def before_commit(self, scheduler: RetireScheduler, scheduler_output: Any) -> set[str]: ...
+
+
+class RetireScheduler(Scheduler):
+    retire_hooks: SchedulerHooks | None = None
+
+    def schedule(self, throttle_prefills: bool = False) -> Any:
+        hooks = self.retire_hooks
+        if hooks is None:
+            return super().schedule(throttle_prefills)
+        held = hooks.withheld(self)
+        parked: list[tuple[int, Any]] = []
+        if held:
+            parked = [(i, r) for i, r in enumerate(self.running) if r.request_id in held]
+            if parked:
+                self.running = [r for r in self.running if r.request_id not in held]
+        try:
+            out = super().schedule(throttle_prefills)
+        finally:
+            for i, r in parked:  # back in place; preempted ones stay in waiting
+                if r.status == RequestStatus.RUNNING and r not in self.running:
+                    self.running.insert(min(i, len(self.running)), r)
+        hooks.after_schedule(self, out)
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        hooks = self.retire_hooks
+        if hooks is None:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        refused = hooks.before_commit(self, scheduler_output)
+        live = sorted(rid for rid in refused if rid in self.requests)
+        closed = self.finish_requests(live, RequestStatus.FINISHED_ABORTED) if live else []
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        for req in closed:
+            eco = outputs.setdefault(req.client_index, EngineCoreOutputs())
+            eco.outputs.append(
+                EngineCoreOutput(
+                    request_id=req.request_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ABORT,
+                )
+            )
+        return outputs

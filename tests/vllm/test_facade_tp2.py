@@ -1,0 +1,54 @@
+"""Receipts from every worker rank: RetireEngine over tensor parallel 2 on CPU.
+
+The scheduler stays in this process, the two ranks run in worker processes (``mp`` executor), so
+the scenario runs as its own process (``tp2_scenario.py``).  Every retired version is closed only
+after the request *and both ranks* (``<request>/rank0``, ``<request>/rank1``, answered through
+``collective_rpc`` after any step in flight) delivered their receipts; page digests combine both
+ranks' halves of the KV heads, so a corruption on the ranks is caught at adoption.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+SCRIPT = Path(__file__).with_name("tp2_scenario.py")
+
+
+def test_tp2_receipts_from_every_rank(tmp_path: Path) -> None:
+    env = dict(
+        os.environ,
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_CPU_OMP_THREADS_BIND="0|1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_RPC_BASE_PATH=str(tmp_path),
+        TMPDIR=str(tmp_path),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=420, env=env
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    r: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    print(f"\n[tp2] {r}")
+    assert r["executor"] == "MultiprocExecutor" and r["tp"] == 2
+    for parts, receipts in zip(r["participants"], r["receipts"], strict=True):
+        rid = parts[0]
+        assert parts == [rid, f"{rid}/rank0", f"{rid}/rank1"]
+        assert receipts == sorted(parts)  # every participant of every version closed
+    assert r["rank_receipts"][:2] == [[0, 1], [0, 1]]  # fenced versions: both ranks answered
+    assert len(r["rank_digest_blocks"]) == 2 and r["rank_digest_blocks"][0]
+    assert r["adopted"] == [0, 3, 1] and r["num_cached"] == [0, 96, 32]
+    assert r["released"][0] == [r["victim"], "digest_mismatch"]
+    assert r["v1_ok"], r["v1_problems"]
+    assert r["v2_ok"], r["v2_problems"]
+    assert r["closed_clean"]

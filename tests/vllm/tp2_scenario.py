@@ -1,0 +1,65 @@
+"""Tensor parallel 2 on CPU under RetireEngine: run as a script in its own process (the mp
+executor spawns one worker process per rank), prints ``RESULT <json>``."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+
+
+def main() -> int:
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    from retire_core import DEFAULT_CONTRACT
+    from retire_vllm import faults
+    from retire_vllm.checker import Checker
+    from retire_vllm.facade import RetireEngine
+
+    facade = RetireEngine(num_blocks=64, tensor_parallel_size=2)
+    rng = random.Random(51)
+    p0 = [rng.randrange(1, 2048) for _ in range(140)]
+    p1 = p0[:100] + [rng.randrange(1, 2048) for _ in range(20)]
+    p2 = p0[:100] + [rng.randrange(1, 2048) for _ in range(12)]
+    facade.submit("tp", p0, DEFAULT_CONTRACT, 30)
+    for _ in range(5):
+        facade.step()
+    facade.supersede("tp", p1, DEFAULT_CONTRACT, 12)
+    facade.run_until_idle()
+    # A second revision whose certified page is corrupted on every rank before adoption.
+    facade.hold_admission("tp")
+    facade.supersede("tp", p2, DEFAULT_CONTRACT, 12)
+    victim = facade.version_record("tp").certificate[1][0]
+    faults.corrupt_page(facade, victim)
+    facade.release_admission("tp")
+    facade.run_until_idle()
+    checker = Checker(None)  # references on this engine, under a fresh salt
+    v1 = checker.verify(facade, "tp", 1)
+    v2 = checker.verify(facade, "tp", 2)
+    log = facade.records["tp"]
+    result = {
+        "executor": type(facade.executor).__name__,
+        "tp": facade.tp,
+        "participants": [list(r.participants) for r in log.versions],
+        "receipts": [sorted(r.receipts) for r in log.versions],
+        "rank_receipts": [sorted(int(a["rank"]) for a in r.rank_receipts) for r in log.versions],
+        "rank_digest_blocks": [
+            sorted(int(b) for b in a["digests"]) for a in log.version(0).rank_receipts
+        ],
+        "adopted": [r.adopted_blocks for r in log.versions],
+        "num_cached": [r.num_cached_tokens for r in log.versions],
+        "released": [[p, why] for p, why in log.version(2).released],
+        "victim": victim,
+        "v1_ok": v1.ok,
+        "v1_problems": v1.problems,
+        "v2_ok": v2.ok,
+        "v2_problems": v2.problems,
+    }
+    facade.shutdown()  # close(): raises LeakError if anything is left behind
+    result["closed_clean"] = True
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
