@@ -20,13 +20,13 @@ FrameId = int
 Version = int
 BlockKey = int | str | bytes
 
-_NAME = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,128}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.:/@#+-]{1,128}$")
 
 
 def check_name(value: object, what: str) -> str:
     if not isinstance(value, str) or not _NAME.match(value):
         raise MalformedIdError(
-            f"{what} must be 1-128 characters of [A-Za-z0-9_.:/@+-], got {value!r}"
+            f"{what} must be 1-128 characters of [A-Za-z0-9_.:/@#+-], got {value!r}"
         )
     return value
 
