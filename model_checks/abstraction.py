@@ -10,6 +10,7 @@ produce.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -18,13 +19,17 @@ from retire_core import CoreState, ScopeState
 from retire_spec.schema import (
     ACTIVE,
     CANCELLED,
+    COLUMN_INDEX,
+    COLUMNS,
     CONTROL_COLUMNS,
     GARBAGE,
+    NO_FRAME,
     NO_MATCH,
     PAUSED,
+    UNOPENED,
     Bounds,
+    Role,
     SpecState,
-    canonical,
     initial_state,
 )
 
@@ -73,8 +78,9 @@ def abstract_control(
     """The spec's control columns for ``core``. ``launched`` maps participant slots the engine
     started to (scope slot, version): a participant the core has forgotten (its version drained
     into the ledger) is, by construction, closed."""
-    init = initial_state(uni.bounds)
-    cols: dict[str, list[Any]] = {name: list(init[name]) for name in CONTROL_COLUMNS}
+    cols: dict[str, list[Any]] = {
+        name: list(column) for name, column in _initial_control(uni.bounds).items()
+    }
     for s, sid in enumerate(uni.scopes):
         rec = core.scopes.get(sid)
         if rec is None:
@@ -83,7 +89,7 @@ def abstract_control(
         cols["scope_epoch"][s] = rec.epoch
         cols["scope_admitted"][s] = rec.admitted
         cols["scope_reuse"][s] = rec.contract.allows_reuse
-        cols["scope_want"][s] = tuple(int(k) for k in rec.context)  # type: ignore[arg-type]
+        cols["scope_want"][s] = tuple(int(k) for k in rec.context)
     for q, (s, v) in launched.items():
         cols["part_used"][q] = True
         cols["part_scope"][q] = s
@@ -102,7 +108,7 @@ def abstract_control(
         cols["page_writer"][p] = page.writer_open
         cols["page_full"][p] = page.full
         cols["page_pos"][p] = page.position
-        cols["page_tok"][p] = NO_MATCH if page.prefix is None else int(page.prefix)  # type: ignore[arg-type]
+        cols["page_tok"][p] = NO_MATCH if page.prefix is None else int(page.prefix)
         cols["page_fp"][p] = int(page.fingerprint)
         if not page.writer_open:
             cols["page_digest"][p] = _digest(page.digest)
@@ -123,9 +129,125 @@ def abstract_control(
 
 
 def control_view(st: SpecState, bounds: Bounds) -> dict[str, tuple[Any, ...]]:
-    """The control columns of a spec state in canonical form (what ``abstract_control`` must equal)."""
-    return canonical(st, bounds).project(CONTROL_COLUMNS)
+    """The control columns of a spec state in canonical form (what ``abstract_control`` must
+    equal)."""
+    return fast_canonical(st, bounds).project(CONTROL_COLUMNS)
 
 
 def with_control(st: SpecState, control: dict[str, tuple[Any, ...]], bounds: Bounds) -> SpecState:
-    return canonical(st.replace(control), bounds)
+    return fast_canonical(st.replace(control), bounds)
+
+
+@functools.cache
+def _initial_control(bounds: Bounds) -> dict[str, tuple[Any, ...]]:
+    init = initial_state(bounds)
+    return {name: init[name] for name in CONTROL_COLUMNS}
+
+
+# --- the canonical form, fast ------------------------------------------------------------------
+# ``retire_spec.schema.canonical`` states which cells no guard, effect or invariant can read; it
+# rebuilds the initial state and every column on each call, which dominated the explorer's
+# profile. ``fast_canonical`` computes the same function (tests compare the two on random
+# reachable states) column by column, touching only columns that have a cell to reset.
+
+
+def _index(*names: str) -> tuple[int, ...]:
+    return tuple(COLUMN_INDEX[n] for n in names)
+
+
+_PAGE_SLOT = _index(
+    *(
+        c.name
+        for c in COLUMNS
+        if c.sort == "Page"
+        and c.role is not Role.HISTORY
+        and c.name not in ("page_gen", "page_pinned", "page_held")
+    )
+)
+_CERT = _index("page_cert_scope", "page_cert_ver", "page_cert_gen", "page_cert_digest")
+_PART = _index(*(c.name for c in COLUMNS if c.sort == "Part" and c.role is not Role.HISTORY))
+_FRAME = _index(*(c.name for c in COLUMNS if c.sort == "Frame" and c.role is not Role.HISTORY))
+_SCOPE = _index(
+    *(
+        c.name
+        for c in COLUMNS
+        if c.sort == "Scope"
+        and c.role is Role.CONTROL
+        and c.name not in ("scope_epoch", "scope_admitted")
+    )
+)
+(
+    _ALLOC,
+    _PINNED,
+    _WRITER,
+    _DIGEST,
+    _USED,
+    _FSTATE,
+    _MODE_I,
+    _PAUSE_AT,
+    _CANCEL_AT,
+) = _index(
+    "page_alloc",
+    "page_pinned",
+    "page_writer",
+    "page_digest",
+    "part_used",
+    "frame_state",
+    "scope_mode",
+    "scope_pause_epoch",
+    "scope_cancel_epoch",
+)
+
+
+@functools.cache
+def _reset_values(bounds: Bounds) -> tuple[Any, ...]:
+    """The value each column is reset to (the initial value of its slot 0; initial columns are
+    uniform across slots except ``scope_fp``, which is world state and never reset)."""
+    init = initial_state(bounds)
+    return tuple(column[0] if column else None for column in init.cells)
+
+
+def _reset(col: tuple[Any, ...], keep: tuple[bool, ...], value: Any) -> tuple[Any, ...]:
+    return tuple([v if k else value for v, k in zip(col, keep, strict=True)])
+
+
+def fast_canonical(st: SpecState, bounds: Bounds) -> SpecState:
+    """``retire_spec.schema.canonical(st, bounds)``, computed without rebuilding every column."""
+    cells = st.cells
+    out = list(cells)
+    init = _reset_values(bounds)
+    alloc = cells[_ALLOC]
+    if not all(alloc):
+        for i in _PAGE_SLOT:
+            out[i] = _reset(out[i], alloc, init[i])
+    pinned = cells[_PINNED]
+    if not all(pinned):
+        keep_cert = tuple([a and pn for a, pn in zip(alloc, pinned, strict=True)])
+        for i in _CERT:
+            out[i] = _reset(out[i], keep_cert, init[i])
+    writer = cells[_WRITER]
+    if any(writer):
+        keep = tuple([not (a and w) for a, w in zip(alloc, writer, strict=True)])
+        out[_DIGEST] = _reset(out[_DIGEST], keep, init[_DIGEST])
+    used = cells[_USED]
+    if not all(used):
+        for i in _PART:
+            out[i] = _reset(out[i], used, init[i])
+    if NO_FRAME in cells[_FSTATE]:
+        live = tuple([x != NO_FRAME for x in cells[_FSTATE]])
+        for i in _FRAME:
+            out[i] = _reset(out[i], live, init[i])
+    modes = cells[_MODE_I]
+    if UNOPENED in modes:
+        opened = tuple([m != UNOPENED for m in modes])
+        for i in _SCOPE:
+            out[i] = _reset(out[i], opened, init[i])
+    if any(out[_PAUSE_AT]):
+        out[_PAUSE_AT] = tuple(
+            [e if m == PAUSED else 0 for e, m in zip(out[_PAUSE_AT], modes, strict=True)]
+        )
+    if any(out[_CANCEL_AT]):
+        out[_CANCEL_AT] = tuple(
+            [e if m == CANCELLED else 0 for e, m in zip(out[_CANCEL_AT], modes, strict=True)]
+        )
+    return SpecState(tuple(out))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import attrs
 
-from retire_checks.lockstep import Lockstep
+from retire_checks.lockstep import Lockstep, Outcome
 from retire_spec.actions import ActionInstance, param_domain
 from retire_spec.schema import (
     ACTIVE,
@@ -32,10 +32,6 @@ class Budget:
     reuse_choices: tuple[bool, ...] = (True, False)
     pause: bool = True
     cancel: bool = True
-
-
-def _faults_used(ls: Lockstep) -> int:
-    return sum(1 for line in ls.trace if line.startswith(("corrupt(", "reuse_id(")))
 
 
 def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
@@ -90,7 +86,7 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
             for i in param_domain("Pos", b):
                 moves.append(A("allocate", (free_page, q, i)))
         for p in range(b.pages):
-            if st["page_alloc"][p] and st["page_writer"][p] or st["page_alloc"][p] is False:
+            if (st["page_alloc"][p] and st["page_writer"][p]) or st["page_alloc"][p] is False:
                 for done in (True, False) if budget.partial_writes else (True,):
                     moves.append(A("attempt_write", (p, q, done)))
             elif st["page_alloc"][p]:
@@ -98,7 +94,7 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
     for p in range(b.pages):
         if st["page_alloc"][p] and st["page_writer"][p]:
             moves.append(A("close_writer", (p,)))
-    if _faults_used(ls) < budget.faults:
+    if ls.faults < budget.faults:
         for p in range(b.pages):
             for name in ("corrupt", "reuse_id"):
                 inst = A(name, (p,))
@@ -107,11 +103,10 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
     return moves
 
 
-def apply_move(ls: Lockstep, move: ActionInstance) -> None:
+def apply_move(ls: Lockstep, move: ActionInstance) -> Outcome:
     if move.name == "report":
-        ls.report(move.args[0])
-    else:
-        ls.env(move)
+        return ls.report(move.args[0])
+    return ls.env(move)
 
 
 __all__ = ["CANCELLED", "Budget", "apply_move", "env_moves"]

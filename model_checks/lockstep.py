@@ -13,25 +13,39 @@ with the step that caused it. The engine's answers to commands (the byte check a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
 
 import retire_core as rc
-from retire_checks.abstraction import Universe, abstract_control, control_view
+from retire_checks.abstraction import Universe, abstract_control, fast_canonical
 from retire_spec.actions import ACTION_BY_NAME, Action, ActionInstance
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS, Invariant
-from retire_spec.schema import FRAME_KINDS, IN_FLIGHT, SpecState, canonical, initial_state
+from retire_spec.schema import (
+    COLUMN_INDEX,
+    CONTROL_COLUMNS,
+    FRAME_KINDS,
+    IN_FLIGHT,
+    SpecState,
+    initial_state,
+)
 
 KIND_OF = {0: rc.FrameKind.TOKEN, 1: rc.FrameKind.COMMIT, 2: rc.FrameKind.INSTALL}
 KIND_NUM = {v: k for k, v in KIND_OF.items()}
 WORLD_ONLY = frozenset({"emit", "corrupt"})
+FAULTS = frozenset({"corrupt", "reuse_id"})
 
 
 class RefinementError(AssertionError):
-    """The core did something the spec does not allow, or its state drifted from the spec's."""
+    """The core did something the spec does not allow, or its state drifted from the spec's.
+    ``invariants`` names the violated invariants when that is what failed (empty for a
+    refinement failure proper)."""
+
+    def __init__(self, message: str, invariants: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.invariants = invariants
 
 
 @attrs.frozen(slots=True)
@@ -45,6 +59,56 @@ def _contract(reuse: bool) -> rc.Contract:
     return rc.DEFAULT_CONTRACT if reuse else rc.COLD_CONTRACT
 
 
+class StepMemo:
+    """Caches of the pure functions a lock-step search evaluates over and over: the core's
+    ``step`` on a (core state, event) pair (with the spec instances its transitions stand for,
+    its commands already checked against them) and spec guards and effects on a (spec state,
+    action instance) pair. Sound because ``retire_core.step`` and the spec are pure functions of
+    their arguments; one memo serves one core and one action table (a mutant gets its own).
+    Each cache is emptied when it reaches ``limit`` entries."""
+
+    __slots__ = ("core", "enabled", "events", "limit", "spec")
+
+    def __init__(self, limit: int = 300_000) -> None:
+        self.limit = limit
+        self.core: dict[tuple[Any, Any], Any] = {}
+        self.spec: dict[tuple[SpecState, ActionInstance], SpecState | None] = {}
+        self.enabled: dict[tuple[SpecState, ActionInstance], bool] = {}
+        self.events: dict[Any, Any] = {}  # validated core events, by what they are built from
+
+    def trim(self) -> None:
+        for cache in (self.core, self.spec, self.enabled, self.events):
+            if len(cache) >= self.limit:
+                cache.clear()
+
+
+_REJECTED = object()
+
+
+class _Tracer(Mapping[str, Any]):
+    """A spec state that records which columns are read."""
+
+    def __init__(self, st: SpecState) -> None:
+        self.st = st
+        self.read: set[int] = set()
+
+    def __getitem__(self, name: str) -> Any:
+        self.read.add(COLUMN_INDEX[name])
+        return self.st[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.st)
+
+    def __len__(self) -> int:
+        return len(self.st)
+
+
+def _columns_read(inv: Invariant, I: Concrete, st: SpecState) -> frozenset[int]:
+    tracer = _Tracer(st)
+    inv.holds(I, tracer)  # type: ignore[arg-type]
+    return frozenset(tracer.read)
+
+
 class Lockstep:
     """One run. ``step_fn`` is the core's step function (a mutant can be swapped in)."""
 
@@ -54,60 +118,103 @@ class Lockstep:
         step_fn: Callable[[rc.CoreState, Any], rc.Step] = rc.step,
         invariants: tuple[Invariant, ...] = INVARIANTS,
         actions: dict[str, Action] | None = None,
+        *,
+        ledger_size: int = 1024,
+        record: bool = True,
+        check_each_step: bool = True,
+        memo: StepMemo | None = None,
     ) -> None:
         self.uni = uni
         self.step_fn = step_fn
         self.invariants = invariants
         self.actions = actions or ACTION_BY_NAME
         self.I = Concrete(uni.bounds.sizes())
-        self.core = rc.CoreState()
+        self.core = rc.CoreState(ledger_size=ledger_size)
         self.spec = initial_state(uni.bounds)
         self.launched: dict[int, tuple[int, int]] = {}
         self.pending_reports: dict[int, int] = {}  # scope slot -> version awaiting a byte check
+        self.faults = 0  # corrupt and reuse_id moves so far (the environment's fault budget)
+        # ``record``: keep the human-readable ``trace`` (the explorer turns it off and keeps a
+        # parent map instead). ``check_each_step``: check refinement of the state and every
+        # invariant after each step (the explorer turns it off and calls ``check_state`` once
+        # per distinct state; the per-transition checks of ``feed`` always run).
+        self.record = record
+        self.check_each_step = check_each_step
+        self.memo = memo
+        self._invariant_reads: tuple[frozenset[int], ...] | None = None
         self.trace: list[str] = []
         self._current_event: Any = None
 
     # --- snapshots ------------------------------------------------------------------------
     def snapshot(self) -> tuple[Any, ...]:
-        return (self.core, self.spec, dict(self.launched), dict(self.pending_reports))
+        return (self.core, self.spec, dict(self.launched), dict(self.pending_reports), self.faults)
 
     def restore(self, snap: tuple[Any, ...]) -> None:
-        self.core, self.spec, launched, pending = snap
+        self.core, self.spec, launched, pending, self.faults = snap
         self.launched, self.pending_reports = dict(launched), dict(pending)
 
     def key(self) -> tuple[Any, ...]:
         """Canonical identity of the joint state (the spec side in normal form)."""
         return (
             self.core,
-            canonical(self.spec, self.uni.bounds),
+            fast_canonical(self.spec, self.uni.bounds),
             tuple(sorted(self.launched.items())),
             tuple(sorted(self.pending_reports.items())),
+            self.faults,
         )
 
     # --- guards -------------------------------------------------------------------------
     def spec_enabled(self, inst: ActionInstance) -> bool:
+        memo = self.memo
+        if memo is not None:
+            key = (self.spec, inst)
+            hit = memo.enabled.get(key)
+            if hit is None:
+                action = self.actions[inst.name]
+                hit = memo.enabled[key] = bool(action.guard(self.I, self.spec, *inst.args))
+            return hit
         action = self.actions[inst.name]
         return bool(action.guard(self.I, self.spec, *inst.args))
 
     def _spec_apply(self, inst: ActionInstance) -> None:
+        memo = self.memo
+        if memo is not None:
+            key = (self.spec, inst)
+            if key in memo.spec:
+                nxt = memo.spec[key]
+            else:
+                nxt = memo.spec[key] = self._spec_next(inst)
+        else:
+            nxt = self._spec_next(inst)
+        if nxt is None:
+            raise RefinementError(f"the spec does not allow {inst} here (after {self._last()})")
+        self.spec = nxt
+
+    def _spec_next(self, inst: ActionInstance) -> SpecState | None:
         action = self.actions[inst.name]
         if not action.guard(self.I, self.spec, *inst.args):
-            raise RefinementError(f"the spec does not allow {inst} here (after {self._last()})")
-        self.spec = self.spec.replace(action.effect(self.I, self.spec, *inst.args))
+            return None
+        return self.spec.replace(action.effect(self.I, self.spec, *inst.args))
 
     def _last(self) -> str:
+        if not self.record:
+            return "this step"
         return self.trace[-1] if self.trace else "the initial state"
 
     # --- the environment's moves -----------------------------------------------------------
-    def env(self, inst: ActionInstance) -> Outcome | None:
-        """Perform an engine/user action. Returns ``None`` if it raised a typed core error
-        (bad input: then neither side changes), else the outcome of the core step."""
-        self.trace.append(str(inst))
+    def env(self, inst: ActionInstance) -> Outcome:
+        """Perform an engine/user action and return the outcome of the core step (empty if the
+        core rejected the event with a typed error: then neither side changes)."""
+        if self.record:
+            self.trace.append(str(inst))
+        if inst.name in FAULTS:
+            self.faults += 1
         if inst.name in WORLD_ONLY:
             self._spec_apply(inst)
-            self._check()
+            if self.check_each_step:
+                self.check_state()
             return Outcome((), (), (inst,))
-        event = self._event_for(inst)
+        event = self._event(inst)
         legal = self._legal(inst)
         before = self.core
         out = self.feed(event, inst)
@@ -135,8 +242,30 @@ class Lockstep:
         )
         data = self.spec["page_data"]
         digests = tuple(rc.PageDigest(p, str(data[p])) for p in pages)
-        self.trace.append(f"report({s}, v{version})")
+        if self.record:
+            self.trace.append(f"report({s}, v{version})")
         return self.feed(rc.AdoptionReport(sid, version, digests), None)
+
+    def _event(self, inst: ActionInstance) -> Any:
+        """``_event_for``, memoized on exactly what the event is built from (building an event
+        runs its validators)."""
+        memo = self.memo
+        if memo is None:
+            return self._event_for(inst)
+        n, a = inst.name, inst.args
+        key: Any = inst
+        if n in ("receipt", "allocate", "attempt_write"):
+            key = (inst, self.launched.get(a[0] if n == "receipt" else a[1]))
+        elif n == "deliver":
+            f = a[0]
+            spec = self.spec
+            key = (inst, spec["frame_scope"][f], spec["frame_ver"][f], spec["frame_kind"][f])
+        elif n == "close_writer":
+            key = (inst, self.spec["page_data"][a[0]])
+        event = memo.events.get(key)
+        if event is None:
+            event = memo.events[key] = self._event_for(inst)
+        return event
 
     def _event_for(self, inst: ActionInstance) -> Any:
         u, a = self.uni, inst.args
@@ -186,29 +315,44 @@ class Lockstep:
     # --- one core step ------------------------------------------------------------------------
     def feed(self, event: Any, inst: ActionInstance | None) -> Outcome:
         self._current_event = event
-        try:
-            result = self.step_fn(self.core, event)
-        except rc.RetireError:
-            self.trace.append(f"  -> rejected {type(event).__name__}")
+        memo = self.memo
+        cached = memo.core.get((self.core, event)) if memo is not None else None
+        if cached is _REJECTED:
             return Outcome((), (), ())
+        if cached is not None:
+            result, instances = cached
+        else:
+            try:
+                result = self.step_fn(self.core, event)
+            except rc.RetireError:
+                if self.record:
+                    self.trace.append(f"  -> rejected {type(event).__name__}")
+                if memo is not None:
+                    memo.core[(self.core, event)] = _REJECTED
+                return Outcome((), (), ())
+            instances = tuple(self._spec_instance(t) for t in result.transitions)
         steps = []
-        for t in result.transitions:
-            si = self._spec_instance(t)
+        for si in instances:
             if si is None:
                 continue
             self._spec_apply(si)
             steps.append(si)
             if si.name == "launch":
                 self.launched[si.args[0]] = (si.args[1], si.args[2])
-        self._check_commands(result)
+        if cached is None:
+            self._check_commands(result)
+            if memo is not None:
+                memo.core[(self.core, event)] = (result, instances)
         self.core = result.state
         for c in result.commands:
             if isinstance(c, rc.PinCertified):
                 self.pending_reports[self.uni.scope_slot(c.certificate.scope)] = (
                     c.certificate.version
                 )
-        self._check()
-        self.trace.append("  -> " + (", ".join(str(s) for s in steps) or "(no spec step)"))
+        if self.check_each_step:
+            self.check_state()
+        if self.record:
+            self.trace.append("  -> " + (", ".join(str(s) for s in steps) or "(no spec step)"))
         return Outcome(result.commands, result.transitions, tuple(steps))
 
     def _spec_instance(self, t: rc.Transition) -> ActionInstance | None:
@@ -219,7 +363,7 @@ class Lockstep:
             return None
         if n in ("open", "supersede"):
             rec = self.core_after_scope(t.scope)
-            return ActionInstance(n, (s, tuple(int(k) for k in rec[0]), rec[1]))  # type: ignore[arg-type]
+            return ActionInstance(n, (s, tuple(int(k) for k in rec[0]), rec[1]))
         if n in ("pause", "unpause", "cancel", "resume"):
             return ActionInstance(n, (s,))
         if n == "launch":
@@ -252,7 +396,8 @@ class Lockstep:
             out: list[int] = []
             for c in result.commands:
                 if isinstance(c, cls):
-                    out.extend(getattr(c, attr) if attr != "certificate" else c.certificate.pages)  # type: ignore[attr-defined]
+                    pages = getattr(c, attr)
+                    out.extend(pages.pages if attr == "certificate" else pages)
             return sorted(out)
 
         def acted(name: str, arg: str) -> list[Any]:
@@ -290,21 +435,57 @@ class Lockstep:
                     f"(after {self._last()})"
                 )
 
-    def _check(self) -> None:
+    def check_state(self, canon: SpecState | None = None, parent: SpecState | None = None) -> None:
+        """Refinement of the current state (core abstraction == spec control columns) and every
+        invariant; raises ``RefinementError``. ``canon``: the spec state's canonical form, if
+        the caller has it. ``parent``: a spec state in which every invariant held; then only
+        the invariants that read a column which differs from it are evaluated again."""
         bounds = self.uni.bounds
         abstract = abstract_control(self.core, self.uni, self.launched)
-        expected = control_view(self.spec, bounds)
+        view = canon if canon is not None else fast_canonical(self.spec, bounds)
+        expected = view.project(CONTROL_COLUMNS)
         if abstract != expected:
             diff = [k for k in expected if abstract[k] != expected[k]]
             detail = {k: (abstract[k], expected[k]) for k in diff}
             raise RefinementError(f"core and spec disagree on {detail} (after {self._last()})")
-        broken = [inv.name for inv in self.invariants if not inv.holds(self.I, self.spec)]
+        invariants = self.invariants
+        if parent is not None:
+            changed = {
+                i
+                for i, (a, b) in enumerate(zip(parent.cells, self.spec.cells, strict=True))
+                if a is not b
+            }
+            reads = self._reads()
+            invariants = tuple(inv for inv, r in zip(invariants, reads, strict=True) if r & changed)
+        broken = [inv.name for inv in invariants if not inv.holds(self.I, self.spec)]
         if broken:
-            raise RefinementError(f"invariant(s) {broken} violated (after {self._last()})")
+            raise RefinementError(
+                f"invariant(s) {broken} violated (after {self._last()})", tuple(broken)
+            )
+
+    def _reads(self) -> tuple[frozenset[int], ...]:
+        """The columns each invariant reads. The spec is written without Python control flow on
+        interpreted values (see ``retire_spec.expr``), so evaluating an invariant once on any
+        state of these bounds visits every column it can ever read."""
+        if self._invariant_reads is None:
+            self._invariant_reads = tuple(
+                _columns_read(inv, self.I, self.spec) for inv in self.invariants
+            )
+        return self._invariant_reads
+
+    _check = check_state
 
     # --- convenience for drivers ------------------------------------------------------------
     def in_flight(self) -> list[int]:
         return [f for f, st in enumerate(self.spec["frame_state"]) if st == IN_FLIGHT]
 
 
-__all__ = ["FRAME_KINDS", "KIND_NUM", "Lockstep", "Outcome", "RefinementError", "SpecState"]
+__all__ = [
+    "FRAME_KINDS",
+    "KIND_NUM",
+    "Lockstep",
+    "Outcome",
+    "RefinementError",
+    "SpecState",
+    "StepMemo",
+]

@@ -7,8 +7,8 @@ computed once and cached. Nothing protocol-specific lives here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Generic, TypeVar
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -39,6 +39,19 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._d
+
+    # Delegated to the dict: ``Mapping``'s defaults go through ``__getitem__`` key by key.
+    def get(self, key: K, default: Any = None) -> Any:
+        return self._d.get(key, default)
+
+    def items(self) -> ItemsView[K, V]:
+        return self._d.items()
+
+    def keys(self) -> KeysView[K]:
+        return self._d.keys()
+
+    def values(self) -> ValuesView[V]:
+        return self._d.values()
 
     def __hash__(self) -> int:
         if self._h is None:

@@ -186,15 +186,29 @@ def initial_state(bounds: Bounds) -> SpecState:
     return SpecState(tuple(values))
 
 
+# A free page keeps its generation (the next allocation bumps it) and its ``pinned``/``held``
+# flags: the invariant ``no_free_while_pinned_or_referenced`` reads exactly those two cells of
+# free pages, so resetting them would let a state that violates it collapse into one that does
+# not (an explorer deduplicating on the canonical form would then miss the violation).
 _PAGE_SLOT_COLUMNS = tuple(
     c.name
     for c in COLUMNS
-    if c.sort == "Page" and c.role is not Role.HISTORY and c.name != "page_gen"
+    if c.sort == "Page"
+    and c.role is not Role.HISTORY
+    and c.name not in ("page_gen", "page_pinned", "page_held")
 )
 _CERT_COLUMNS = ("page_cert_scope", "page_cert_ver", "page_cert_gen", "page_cert_digest")
 _PART_COLUMNS = tuple(c.name for c in COLUMNS if c.sort == "Part" and c.role is not Role.HISTORY)
 _FRAME_COLUMNS = tuple(c.name for c in COLUMNS if c.sort == "Frame" and c.role is not Role.HISTORY)
-_SCOPE_COLUMNS = tuple(c.name for c in COLUMNS if c.sort == "Scope" and c.role is Role.CONTROL)
+# An unopened scope's epoch and admission are read by invariants (through the participants and
+# pages that name it), so they are kept; no action can change them before ``open`` anyway.
+_SCOPE_COLUMNS = tuple(
+    c.name
+    for c in COLUMNS
+    if c.sort == "Scope"
+    and c.role is Role.CONTROL
+    and c.name not in ("scope_epoch", "scope_admitted")
+)
 
 
 def canonical(st: SpecState, bounds: Bounds) -> SpecState:

@@ -1,0 +1,272 @@
+"""The ``retire check`` and ``retire validate-trace`` subcommands.
+
+``retire check [--profile quick|full] [--json PATH]`` runs, in this order of importance, the
+explorer over the real core (``explorer.run_profile``), the Z3 proofs and bounded model checking
+(``proofs.prove``) and the mutant catalogue (``mutants``), prints a summary and optionally writes
+a JSON report. The catalogue runs in a second process while the explorer and Z3 run in this one
+(``--jobs 1`` keeps everything in one process). A violation found by the explorer is printed as
+numbered steps and written as a pytest file (``--counterexample``). ``retire validate-trace
+FILE`` checks a structlog JSON-lines log of ``retire_core.Retire`` against the spec
+(``trace_validation``).
+
+Exit codes — ``retire check``: 0 every invariant held in every explored state, refinement held,
+every probe was hit, every Z3 obligation was proved with a clean BMC, and every mutant was
+killed; 1 any of these failed (the summary says which); 2 bad usage. ``retire validate-trace``:
+0 the trace is a behaviour of the spec; 1 it is not (the first offending line is printed as
+``FILE:LINE: reason``); 2 bad usage or an unreadable file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from retire_checks.cli import command
+
+PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
+    "quick": {"bmc_depth": 4, "z3_timeout_ms": 30_000, "hypothesis": False},
+    "full": {"bmc_depth": 6, "z3_timeout_ms": 120_000, "hypothesis": True},
+}
+
+
+def _configure_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", choices=sorted(PROFILE_SETTINGS), default="quick")
+    p.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    p.add_argument(
+        "--counterexample",
+        metavar="PATH",
+        default="test_retire_counterexample.py",
+        help="where a counterexample found by the explorer is written as a pytest file",
+    )
+    p.add_argument("--jobs", type=int, choices=(1, 2), default=2, help="processes to use")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--skip-mutants", action="store_true", help="do not run the catalogue")
+    p.add_argument(
+        "--hypothesis",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also judge core mutants with the Hypothesis machine (default: full profile only)",
+    )
+
+
+def _mutant_job(names: list[str], use_hypothesis: bool) -> list[dict[str, Any]]:
+    """Judge some mutants (in a worker process) and return plain, picklable verdicts."""
+    from retire_checks.mutants import run_catalogue
+
+    out = []
+    for v in run_catalogue(names, use_hypothesis=use_hypothesis):
+        out.append(
+            {
+                "name": v.mutant.name,
+                "kind": v.mutant.kind,
+                "level": v.mutant.level,
+                "description": v.mutant.description,
+                "killed_by": list(v.killed_by),
+                "killed": v.killed,
+                "detail": v.detail,
+                "seconds": round(v.seconds, 2),
+            }
+        )
+    return out
+
+
+def _z3_job(bmc_depth: int, timeout_ms: int) -> dict[str, Any]:
+    try:
+        from retire_checks.proofs import prove
+    except ModuleNotFoundError as err:
+        return {"error": f"z3-solver is not installed ({err}); pip install 'retire[check]'"}
+    report = prove(bmc_depth=bmc_depth, timeout_ms=timeout_ms)
+    return {
+        "results": report.results,
+        "bmc_depth": report.bmc_depth,
+        "bmc_status": report.bmc_status,
+        "seconds": round(report.seconds, 2),
+        "checks": len(report.checks),
+        "summary": report.summary(),
+        "not_proved": [
+            {"check": c.name, "status": c.status, "detail": c.detail}
+            for c in report.checks
+            if c.status != "proved"
+        ],
+    }
+
+
+def _run_tasks(tasks: list[tuple[str, Any, tuple[Any, ...]]], jobs: int) -> dict[str, Any]:
+    """Run ``(name, function, args)`` tasks, in this process or over ``jobs`` worker
+    processes (tasks are submitted in the given order: put the longest first)."""
+    if jobs == 1:
+        return {name: fn(*args) for name, fn, args in tasks}
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {name: pool.submit(fn, *args) for name, fn, args in tasks}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@command(
+    "check", "explore, prove and mutate: the protocol's machine-checked safety", _configure_check
+)
+def check(args: argparse.Namespace) -> int:
+    from retire_checks.explorer import PROFILES, ProfileResult, explore_job
+    from retire_checks.mutants import CORE_MUTANTS, SPEC_MUTANTS
+    from retire_spec.invariants import INVARIANTS, QUIESCENCE
+
+    settings = PROFILE_SETTINGS[args.profile]
+    use_hyp = settings["hypothesis"] if args.hypothesis is None else args.hypothesis
+    profile = PROFILES[args.profile]
+    out = sys.stdout
+    t0 = time.perf_counter()
+    progress = not args.no_progress
+    # Longest first, so that two workers finish together.
+    tasks: list[tuple[str, Any, tuple[Any, ...]]] = []
+    if not args.skip_mutants:
+        tasks.append(("mutants:core", _mutant_job, ([m.name for m in CORE_MUTANTS], use_hyp)))
+    for config in sorted(profile.configs, key=lambda c: -c.cost):
+        tasks.append((f"explore:{config.name}", explore_job, (config, config.name, progress)))
+    if not args.skip_mutants:
+        tasks.append(("mutants:spec", _mutant_job, ([m.name for m in SPEC_MUTANTS], False)))
+    tasks.append(("z3", _z3_job, (settings["bmc_depth"], settings["z3_timeout_ms"])))
+    done = _run_tasks(tasks, args.jobs)
+
+    result = ProfileResult(profile, tuple(done[f"explore:{c.name}"] for c in profile.configs))
+    print(result.summary(), file=out)
+    cex = result.violation
+    cex_path = None
+    if cex is not None:
+        print("\ncounterexample (shortest path, replayed through the core):", file=out)
+        print(cex.steps(), file=out)
+        cex_path = Path(args.counterexample)
+        cex_path.write_text(cex.to_pytest(), encoding="utf-8")
+        print(f"written as a pytest case: {cex_path}", file=out)
+    z3_info = done["z3"]
+    print("\n" + z3_info.get("summary", z3_info.get("error", "")), file=out)
+    verdicts: list[dict[str, Any]] = [
+        *done.get("mutants:core", []),
+        *done.get("mutants:spec", []),
+    ]
+    print(f"\nmutants ({len(verdicts)}):", file=out)
+    for v in verdicts:
+        status = "killed  " if v["killed"] else "SURVIVED"
+        print(
+            f"  {status} {v['name']:<38} [{v['level']}] by {', '.join(v['killed_by']) or '-'}",
+            file=out,
+        )
+    seconds = time.perf_counter() - t0
+
+    z3_results = z3_info.get("results") or {inv.name: "unknown" for inv in INVARIANTS}
+    invariants = result.invariants()
+    killed = sum(1 for v in verdicts if v["killed"])
+    report = {
+        "profile": args.profile,
+        "states": result.states,
+        "transitions": result.transitions,
+        "max_depth": result.max_depth,
+        "seconds": round(result.seconds, 2),
+        "states_per_second": round(result.states_per_second, 1),
+        "cpu_seconds": round(result.cpu_seconds, 2),
+        "cpu_states_per_second": round(result.cpu_states_per_second, 1),
+        "invariants": invariants,
+        "refinement": result.refinement(),
+        "probes": {p: result.probes[p] for p in result.profile.required_probes},
+        "z3": z3_results,
+        "mutants": {v["name"]: v["killed_by"] for v in verdicts},
+        "mutants_total": len(verdicts),
+        "mutants_killed": killed,
+        # beyond the required keys
+        "exhaustive": result.exhaustive,
+        "missing_probes": list(result.missing_probes),
+        "quiescence": {q.name: invariants[q.name] for q in QUIESCENCE},
+        "configs": [
+            {
+                "name": r.config.name,
+                "bounds": {
+                    "scopes": r.config.bounds.scopes,
+                    "parts": r.config.bounds.parts,
+                    "frames": r.config.bounds.frames,
+                    "pages": r.config.bounds.pages,
+                    "positions": r.config.bounds.positions,
+                    "max_epoch": r.config.bounds.max_epoch,
+                    "contexts": [list(c) for c in r.config.bounds.contexts],
+                    "fingerprints": list(r.config.bounds.fingerprints),
+                },
+                "ledger_size": r.config.ledger_size,
+                "faults": r.config.budget.faults,
+                "states": r.states,
+                "transitions": r.transitions,
+                "max_depth": r.max_depth,
+                "quiescent_states": r.quiescent,
+                "seconds": round(r.seconds, 2),
+                "cpu_seconds": round(r.cpu_seconds, 2),
+                "exhaustive": r.exhaustive,
+            }
+            for r in result.results
+        ],
+        "counterexample": None
+        if cex is None
+        else {
+            "config": cex.config.name,
+            "error": cex.error,
+            "moves": [str(m) for m in cex.moves],
+            "pytest": str(cex_path),
+        },
+        "z3_bmc": {"depth": z3_info.get("bmc_depth"), "status": z3_info.get("bmc_status")},
+        "z3_seconds": z3_info.get("seconds"),
+        "z3_not_proved": z3_info.get("not_proved", z3_info.get("error")),
+        "mutant_details": verdicts,
+        "total_seconds": round(seconds, 2),
+        "jobs": args.jobs,
+        "cpus": os.cpu_count(),
+    }
+    ok = (
+        result.ok
+        and all(invariants.values())
+        and report["refinement"]
+        and all(v == "proved" for v in z3_results.values())
+        and z3_info.get("bmc_status") == "clean"
+        and (args.skip_mutants or (killed == len(verdicts) and len(verdicts) >= 15))
+    )
+    print(
+        f"\nretire check --profile {args.profile}: {'OK' if ok else 'FAILED'} — "
+        f"{result.states:,} states ({result.states_per_second:,.0f}/s), "
+        f"{len(result.profile.required_probes) - len(result.missing_probes)}/"
+        f"{len(result.profile.required_probes)} probes, "
+        f"z3 {sum(v == 'proved' for v in z3_results.values())}/{len(z3_results)} proved, "
+        f"mutants {killed}/{len(verdicts)} killed, {seconds:.1f} s",
+        file=out,
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"report written to {args.json}", file=out)
+    return 0 if ok else 1
+
+
+def _configure_validate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="a JSON-lines log of retire.transition events")
+
+
+@command(
+    "validate-trace",
+    "check that a recorded retire.transition log is a behaviour of the spec",
+    _configure_validate,
+)
+def validate_trace(args: argparse.Namespace) -> int:
+    from retire_checks.trace_validation import TraceError, validate_file
+
+    try:
+        report = validate_file(args.file)
+    except OSError as err:
+        print(f"retire validate-trace: cannot read {args.file}: {err}", file=sys.stderr)
+        return 2
+    except TraceError as err:
+        print(f"{args.file}:{err.line}: {err.message}")
+        return 1
+    print(
+        f"{args.file}: valid — {report.transitions} transitions replayed against the spec "
+        f"(universe {report.sizes}; placed {report.hidden['emit']} frame emits and "
+        f"{report.hidden['corrupt']} byte corruptions the log does not show)"
+    )
+    return 0

@@ -1,0 +1,841 @@
+"""The explicit-state explorer: every interleaving of the environment, over the real core.
+
+``explore(config)`` runs a breadth-first search over the joint states of a ``Lockstep`` (the real
+``retire_core`` and the spec side by side) whose successors are all the moves ``env_moves``
+offers in a bounded world (``Config``: the spec ``Bounds``, the environment ``Budget`` and the
+core's ledger size). Each transition is checked by the lock-step harness (every core transition
+must be a step the spec allows, commands must agree with transitions), each *new* state once
+(the core's abstraction equals the spec's control columns, every invariant holds), and every
+state in which the engine has nothing left to complete (no receipt, writer closure, frame
+delivery or byte check pending) against ``QUIESCENCE`` — progress once revisions stop, and no
+leak. States are stored as 64-bit fingerprints modulo symmetry (``symmetry``) in a map to their
+parent, so the first violation found comes with a shortest path, which ``Counterexample``
+replays with a recording harness, prints as numbered steps and writes as a pytest file.
+Reachability probes (``probes``) count how often each stage, transition, late-event
+classification and protocol path was taken; a profile whose run misses a required probe is
+vacuous and fails. ``explore_spec`` runs the same search over the spec alone (every action of
+``ACTIONS``, the engine's and the core's alike), which is how spec-level mutants are judged.
+Profiles (``PROFILES``) are lists of configurations; ``run_profile`` runs them with a progress
+line on stderr and returns a ``ProfileResult``. The CLI lives in ``cli_checks``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
+
+import attrs
+
+import retire_core as rc
+from retire_checks.abstraction import Universe, fast_canonical
+from retire_checks.environment import Budget, apply_move, env_moves
+from retire_checks.lockstep import Lockstep, Outcome, RefinementError, StepMemo
+from retire_checks.symmetry import Symmetry
+from retire_spec.actions import ACTION_BY_NAME, ACTIONS, Action, ActionInstance, enabled
+from retire_spec.expr import Concrete
+from retire_spec.invariants import INVARIANTS, QUIESCENCE, Invariant
+from retire_spec.schema import PAUSED, Bounds, SpecState, initial_state
+
+StepFn = Callable[[rc.CoreState, Any], rc.Step]
+
+# Moves by which the engine completes what was started; a state offering none is quiescent.
+COMPLETION = frozenset({"receipt", "deliver", "close_writer", "report"})
+
+
+@attrs.frozen(slots=True)
+class Config:
+    """One bounded world: spec bounds, environment budget, core ledger size."""
+
+    name: str
+    bounds: Bounds
+    budget: Budget = attrs.field(factory=Budget)
+    ledger_size: int = 1024
+    max_states: int | None = None  # a cap; a capped run is reported as not exhaustive
+    symmetry: bool = True
+    cost: float = 1.0  # expected CPU seconds (only used to schedule worker processes)
+
+
+@attrs.frozen(slots=True)
+class Profile:
+    name: str
+    configs: tuple[Config, ...]
+    required_probes: tuple[str, ...]
+
+
+# --- probes -------------------------------------------------------------------------------------
+
+STAGES = tuple(f"stage:{s.value}" for s in rc.Stage)
+CORE_TRANSITIONS = (
+    *(f"transition:{a.name}" for a in ACTIONS if a.name not in ("emit", "corrupt")),
+    "transition:fence",
+    "transition:late_report",
+)
+ENV_MOVES = tuple(
+    f"move:{m}"
+    for m in (
+        "open",
+        "supersede",
+        "pause",
+        "unpause",
+        "cancel",
+        "launch",
+        "receipt",
+        "emit",
+        "deliver",
+        "allocate",
+        "attempt_write",
+        "close_writer",
+        "corrupt",
+        "reuse_id",
+        "report",
+    )
+)
+REASONS = (
+    "drop:scope_cancelled",
+    "drop:retired_draining",
+    "drop:retired_drained",
+    "drop:retired_expired",
+    "fence:scope_cancelled",
+    "fence:retired_draining",
+    "fence_write:page_not_allocated",
+    "fence_write:page_of_another_scope",
+    "fence_write:page_of_another_version",
+    "fence_write:writer_closed",
+    "release:digest_mismatch",
+    "release:generation_changed",
+    "late_report:retired_draining",
+    "late_report:retired_expired",
+    "late_report:scope_cancelled",
+)
+PATHS = (
+    "path:cold_resume",  # a successor admitted cold (no reuse, or nothing certifiable)
+    "path:warm_resume",  # a successor admitted after a byte check of certified pages
+    "path:partial_adoption",  # part of a certificate adopted, the rest released (recompute)
+    "path:chain_collapse",  # a revision while the previous successor's certificate is pending
+    "path:cancel_releases_pins",  # a cancel while a certificate is pending
+    "path:publish_while_paused",  # pause keeps authority
+    "path:cross_tenant_write_fenced",  # a write into another tenant's page is fenced
+    "path:drop_two_versions_back",  # a frame arrives after two revisions
+    "path:quiescent",  # a state with nothing left to complete (checked against QUIESCENCE)
+)
+ALL_PROBES = STAGES + CORE_TRANSITIONS + ENV_MOVES + REASONS + PATHS
+
+
+def probe_hits(
+    move: ActionInstance, out: Outcome, before: SpecState, bounds: Bounds
+) -> list[str]:
+    """The probes one explored transition hits (``before``: the spec state it started in)."""
+    hits = [f"move:{move.name}"]
+    for t in out.transitions:
+        hits.append(f"stage:{t.stage.value}")
+        hits.append(f"transition:{t.action}")
+        if t.reason is not None:
+            hits.append(f"{t.action}:{t.reason}")
+        a = t.action
+        if a == "resume" and t.version:
+            hits.append("path:cold_resume" if t.arg("cold") else "path:warm_resume")
+        elif a == "publish" and before["scope_mode"][_slot(t.scope)] == PAUSED:
+            hits.append("path:publish_while_paused")
+        elif a == "drop" and t.version is not None:
+            if before["scope_epoch"][_slot(t.scope)] - t.version >= 2:
+                hits.append("path:drop_two_versions_back")
+        elif a == "fence_write" and t.reason == "page_of_another_scope":
+            s = _slot(t.scope)
+            if before["page_fp"][t.arg("page")] != bounds.fingerprints[s]:
+                hits.append("path:cross_tenant_write_fenced")
+    actions = {t.action for t in out.transitions}
+    if "adopt" in actions and "release" in actions:
+        hits.append("path:partial_adoption")
+    for c in out.commands:
+        if isinstance(c, rc.Unpin):
+            if c.reason == "superseded_before_adoption":
+                hits.append("path:chain_collapse")
+            elif c.reason == "cancelled":
+                hits.append("path:cancel_releases_pins")
+    return hits
+
+
+def _slot(scope: str | None) -> int:
+    return int((scope or "s0")[1:])
+
+
+# --- results ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Counterexample:
+    """A shortest path from the initial state to a violation, replayable through the core."""
+
+    config: Config
+    moves: tuple[ActionInstance, ...]
+    error: str
+    quiescence: bool = False  # the violation is a QUIESCENCE failure in the last state
+    violated: tuple[str, ...] = ()  # invariant / quiescence names; empty: refinement failure
+
+    def steps(self, step_fn: StepFn = rc.step, actions: dict[str, Action] | None = None) -> str:
+        """The numbered step list, from a recording replay (core transitions indented)."""
+        lines = replay_lines(self, step_fn, actions)
+        return "\n".join(lines)
+
+    def to_pytest(self, mutant: str | None = None) -> str:
+        """A self-contained pytest module that replays this path and fails while the violation
+        is present (with ``mutant``, inside that mutant of the catalogue)."""
+        return render_pytest(self, mutant)
+
+
+@attrs.frozen(slots=True)
+class ExploreResult:
+    config: Config
+    states: int
+    transitions: int
+    max_depth: int
+    seconds: float
+    quiescent: int
+    exhaustive: bool
+    probes: Counter[str]
+    violation: Counterexample | None
+    cpu_seconds: float = 0.0  # CPU time of the exploring process (wall time can include waits)
+
+    @property
+    def states_per_second(self) -> float:
+        return self.states / self.seconds if self.seconds > 0 else 0.0
+
+
+# --- the search ---------------------------------------------------------------------------------
+
+
+class Progress:
+    """A plain progress line on stderr: rewritten in place on a terminal, else every 5 s."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.period = 0.25 if self.tty else 5.0
+
+    def update(self, states: int, transitions: int, depth: int, queue: int) -> None:
+        now = time.perf_counter()
+        if not self.enabled or now - self.last < self.period:
+            return
+        self.last = now
+        rate = states / max(now - self.start, 1e-9)
+        line = (
+            f"[{self.label}] {states:>9,} states  {transitions:>10,} transitions  "
+            f"depth {depth:>3}  queue {queue:>8,}  {rate:>8,.0f} states/s"
+        )
+        if self.tty:
+            self.stream.write("\r" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def new_lockstep(
+    config: Config,
+    step_fn: StepFn = rc.step,
+    actions: dict[str, Action] | None = None,
+    invariants: tuple[Invariant, ...] = INVARIANTS,
+    *,
+    record: bool = False,
+    memo: StepMemo | None = None,
+) -> Lockstep:
+    return Lockstep(
+        Universe.of(config.bounds),
+        step_fn=step_fn,
+        invariants=invariants,
+        actions=actions,
+        ledger_size=config.ledger_size,
+        record=record,
+        check_each_step=record,
+        memo=memo,
+    )
+
+
+def explore(
+    config: Config,
+    step_fn: StepFn = rc.step,
+    actions: dict[str, Action] | None = None,
+    invariants: tuple[Invariant, ...] = INVARIANTS,
+    progress: Progress | None = None,
+) -> ExploreResult:
+    """Breadth-first search of the joint core/spec system of ``config``; stops at the first
+    violation (refinement, invariant or quiescence) with a shortest counterexample."""
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    memo = StepMemo()
+    ls = new_lockstep(config, step_fn, actions, invariants, memo=memo)
+    bounds, budget = config.bounds, config.budget
+    sym = Symmetry(ls.uni, config.symmetry)
+    quiescence = Concrete(bounds.sizes())
+    probes: Counter[str] = Counter()
+    # Fingerprints of raw joint states (the memo hands back shared core and spec objects whose
+    # hashes are cached, so a repeated raw state costs one dict lookup).
+    fps: dict[tuple[Any, ...], tuple[int, SpecState]] = {}
+
+    def fingerprint() -> tuple[int, SpecState]:
+        pending = tuple(ls.pending_reports.items())
+        raw = (ls.core, ls.spec, pending, ls.faults)
+        hit = fps.get(raw)
+        if hit is None:
+            if len(fps) >= memo.limit:
+                fps.clear()
+            canon = fast_canonical(ls.spec, bounds)
+            fp = sym.fingerprint(ls.core, canon, ls.pending_reports, ls.faults)
+            hit = fps[raw] = (fp, canon)
+        return hit
+
+    # parent map: fingerprint -> (parent fingerprint, move); the root maps to None.
+    parents: dict[int, tuple[int, ActionInstance] | None] = {}
+    root = fingerprint()[0]
+    parents[root] = None
+    transitions = 0
+    max_depth = 0
+    quiescent = 0
+    violation: Counterexample | None = None
+    exhaustive = True
+
+    def path_to(fp: int) -> list[ActionInstance]:
+        moves: list[ActionInstance] = []
+        link = parents[fp]
+        while link is not None:
+            fp, move = link
+            moves.append(move)
+            link = parents[fp]
+        moves.reverse()
+        return moves
+
+    try:
+        ls.check_state()
+    except RefinementError as err:
+        cex = Counterexample(config, (), str(err), violated=err.invariants)
+        return ExploreResult(config, 1, 0, 0, 0.0, 0, True, probes, cex)
+    queue: deque[tuple[tuple[Any, ...], int, int]] = deque([(ls.snapshot(), root, 0)])
+    cap = config.max_states
+    while queue:
+        snap, fp, depth = queue.popleft()
+        ls.restore(snap)
+        moves = env_moves(ls, budget)
+        if not any(m.name in COMPLETION for m in moves):
+            quiescent += 1
+            probes["path:quiescent"] += 1
+            broken = [q.name for q in QUIESCENCE if not q.holds(quiescence, ls.spec)]
+            if broken:
+                violation = Counterexample(
+                    config,
+                    tuple(path_to(fp)),
+                    f"quiescence property(ies) {broken} violated",
+                    quiescence=True,
+                    violated=tuple(broken),
+                )
+                break
+        before = ls.spec
+        for move in moves:
+            ls.restore(snap)
+            transitions += 1
+            try:
+                out = apply_move(ls, move)
+            except RefinementError as err:
+                violation = Counterexample(
+                    config, (*path_to(fp), move), str(err), violated=err.invariants
+                )
+                break
+            except Exception as err:
+                violation = Counterexample(
+                    config,
+                    (*path_to(fp), move),
+                    f"the core raised {type(err).__name__} (not a RetireError): {err}",
+                )
+                break
+            for hit in probe_hits(move, out, before, bounds):
+                probes[hit] += 1
+            child, canon = fingerprint()
+            if child in parents:
+                continue
+            parents[child] = (fp, move)
+            try:
+                ls.check_state(canon, before)
+            except RefinementError as err:
+                violation = Counterexample(
+                    config, (*path_to(fp), move), str(err), violated=err.invariants
+                )
+                break
+            if depth + 1 > max_depth:
+                max_depth = depth + 1
+            queue.append((ls.snapshot(), child, depth + 1))
+        if violation is not None:
+            break
+        memo.trim()
+        if progress is not None:
+            progress.update(len(parents), transitions, depth, len(queue))
+        if cap is not None and len(parents) >= cap:
+            exhaustive = False
+            break
+    seconds = time.perf_counter() - t0
+    return ExploreResult(
+        config,
+        len(parents),
+        transitions,
+        max_depth,
+        seconds,
+        quiescent,
+        exhaustive and violation is None,
+        probes,
+        violation,
+        time.process_time() - c0,
+    )
+
+
+def explore_spec(
+    config: Config,
+    actions: dict[str, Action] | None = None,
+    invariants: tuple[Invariant, ...] = INVARIANTS,
+    max_states: int | None = None,
+    max_generation: int = 3,
+) -> ExploreResult:
+    """Breadth-first search of the spec alone: every instance of every action (the engine's,
+    the user's and the core's decisions), every invariant in every state. No symmetry. Like
+    epochs in ``enabled``, ownership generations are capped at ``max_generation`` (recycled
+    block ids would otherwise make the world infinite)."""
+    t0 = time.perf_counter()
+    bounds = config.bounds
+    table = tuple((actions or ACTION_BY_NAME).values())
+    I = Concrete(bounds.sizes())
+    init = initial_state(bounds)
+    parents: dict[SpecState, tuple[SpecState, ActionInstance] | None] = {
+        fast_canonical(init, bounds): None
+    }
+    queue: deque[tuple[SpecState, int]] = deque([(init, 0)])
+    transitions = max_depth = 0
+    hits: Counter[str] = Counter()
+    violation = None
+    cap = max_states if max_states is not None else config.max_states
+    while queue and violation is None:
+        st, depth = queue.popleft()
+        key = fast_canonical(st, bounds)
+        for inst, nxt in enabled(st, bounds, table):
+            if any(g > max_generation for g in nxt["page_gen"]):
+                continue
+            transitions += 1
+            hits[f"transition:{inst.name}"] += 1
+            nkey = fast_canonical(nxt, bounds)
+            if nkey in parents:
+                continue
+            parents[nkey] = (key, inst)
+            max_depth = max(max_depth, depth + 1)
+            broken = [inv.name for inv in invariants if not inv.holds(I, nxt)]
+            if broken:
+                moves = [inst]
+                link = parents[key]
+                while link is not None:
+                    key_, move = link
+                    moves.append(move)
+                    link = parents[key_]
+                moves.reverse()
+                violation = Counterexample(
+                    config,
+                    tuple(moves),
+                    f"spec invariant(s) {broken} violated",
+                    violated=tuple(broken),
+                )
+                break
+            queue.append((nxt, depth + 1))
+        if cap is not None and len(parents) >= cap:
+            break
+    return ExploreResult(
+        config,
+        len(parents),
+        transitions,
+        max_depth,
+        time.perf_counter() - t0,
+        0,
+        violation is None and not queue,
+        hits,
+        violation,
+    )
+
+
+# --- profiles -----------------------------------------------------------------------------------
+
+TOKEN_ONLY = (0,)
+ALL_KINDS = (0, 1, 2)
+
+_NO_CONTROL: dict[str, Any] = {"pause": False, "cancel": False}
+
+QUICK = Profile(
+    "quick",
+    (
+        # Revision chains e -> e+1 -> e+2 of one scope: late frames of every classification
+        # (a one-entry ledger lets drained versions expire), chain collapse, byte-check faults.
+        Config(
+            "chain",
+            Bounds(1, 2, 1, 1, 1, 2, ((1,), (2,)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+            cost=8,
+        ),
+        # Certified handoff of a two-block prefix: partial adoption after a fault, recompute.
+        Config(
+            "handoff",
+            Bounds(1, 2, 0, 2, 2, 1, ((1, 2),), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+            cost=5,
+        ),
+        # Pause and cancel against frames of every kind, cancel during a pending handoff.
+        Config(
+            "control",
+            Bounds(1, 2, 1, 1, 1, 1, ((1,),), (0,)),
+            Budget(faults=0, frame_kinds=ALL_KINDS),
+            cost=5,
+        ),
+        # Two tenants side by side: cross-scope and cross-tenant write attempts.
+        Config(
+            "tenants",
+            Bounds(2, 2, 0, 1, 1, 1, ((1,),), (0, 1)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            cost=0.5,
+        ),
+    ),
+    ALL_PROBES,
+)
+
+FULL = Profile(
+    "full",
+    (
+        # one scope, three participants, chains of two revisions
+        Config(
+            "chain",
+            Bounds(1, 3, 1, 1, 1, 2, ((1,), (2,)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+            cost=55,
+        ),
+        # chains of three revisions e -> e+1 -> e+2 -> e+3
+        Config(
+            "deep",
+            Bounds(1, 2, 1, 1, 1, 3, ((1,), (2,)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+            cost=30,
+        ),
+        # two-block handoffs across two revisions with two revised contexts
+        Config(
+            "handoff",
+            Bounds(1, 2, 0, 2, 2, 2, ((1, 2), (1, 3)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+            cost=110,
+        ),
+        # two-block handoffs with a late frame in flight
+        Config(
+            "handoff-frames",
+            Bounds(1, 2, 1, 2, 2, 1, ((1, 2), (1, 3)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+            cost=40,
+        ),
+        # pause, unpause and cancel against two frames of every kind, with a fault
+        Config(
+            "control",
+            Bounds(1, 2, 2, 1, 1, 1, ((1,),), (0,)),
+            Budget(faults=1, frame_kinds=ALL_KINDS),
+            cost=40,
+        ),
+        # two tenants, two pages each way, a late frame
+        Config(
+            "tenants",
+            Bounds(2, 2, 1, 2, 1, 1, ((1,),), (0, 1)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            cost=90,
+        ),
+        # two tenants with pause, unpause and cancel, a late frame
+        Config(
+            "tenants-control",
+            Bounds(2, 2, 1, 1, 1, 1, ((1,),), (0, 1)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY),
+            cost=85,
+        ),
+        # two tenants, three participants
+        Config(
+            "tenants-parts",
+            Bounds(2, 3, 1, 1, 1, 1, ((1,),), (0, 1)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            cost=50,
+        ),
+    ),
+    ALL_PROBES,
+)
+PROFILES: dict[str, Profile] = {p.name: p for p in (QUICK, FULL)}
+
+
+@attrs.frozen(slots=True)
+class ProfileResult:
+    profile: Profile
+    results: tuple[ExploreResult, ...]
+
+    @property
+    def states(self) -> int:
+        return sum(r.states for r in self.results)
+
+    @property
+    def transitions(self) -> int:
+        return sum(r.transitions for r in self.results)
+
+    @property
+    def max_depth(self) -> int:
+        return max((r.max_depth for r in self.results), default=0)
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.results)
+
+    @property
+    def states_per_second(self) -> float:
+        return self.states / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(r.cpu_seconds for r in self.results)
+
+    @property
+    def cpu_states_per_second(self) -> float:
+        return self.states / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+    @property
+    def probes(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for r in self.results:
+            total.update(r.probes)
+        return total
+
+    @property
+    def missing_probes(self) -> tuple[str, ...]:
+        probes = self.probes
+        return tuple(p for p in self.profile.required_probes if not probes[p])
+
+    @property
+    def violation(self) -> Counterexample | None:
+        return next((r.violation for r in self.results if r.violation is not None), None)
+
+    @property
+    def exhaustive(self) -> bool:
+        return all(r.exhaustive for r in self.results) and len(self.results) == len(
+            self.profile.configs
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None and self.exhaustive and not self.missing_probes
+
+    def invariants(self) -> dict[str, bool]:
+        """Each invariant and quiescence property: true iff every configuration was explored
+        exhaustively and no state violated it."""
+        cex = self.violation
+        bad = set(cex.violated) if cex is not None else set()
+        done = self.exhaustive
+        return {inv.name: done and inv.name not in bad for inv in INVARIANTS + QUIESCENCE}
+
+    def refinement(self) -> bool:
+        cex = self.violation
+        return self.exhaustive and (cex is None or bool(cex.violated))
+
+    def summary(self) -> str:
+        lines = [f"explorer, profile {self.profile.name}:"]
+        for r in self.results:
+            b = r.config.bounds
+            lines.append(
+                f"  {r.config.name:<9} scopes={b.scopes} parts={b.parts} frames={b.frames} "
+                f"pages={b.pages} positions={b.positions} max_epoch={b.max_epoch} "
+                f"ledger={r.config.ledger_size}: {r.states:,} states, {r.transitions:,} "
+                f"transitions, depth {r.max_depth}, {r.quiescent:,} quiescent, "
+                f"{r.seconds:.1f} s ({r.states_per_second:,.0f} states/s; "
+                f"{r.states / max(r.cpu_seconds, 1e-9):,.0f} per CPU second)"
+                + ("" if r.exhaustive or r.violation else "  [NOT EXHAUSTIVE: capped]")
+            )
+        lines.append(
+            f"  total: {self.states:,} distinct states, {self.transitions:,} transitions, "
+            f"max depth {self.max_depth}, {self.seconds:.1f} s, "
+            f"{self.states_per_second:,.0f} states/s ({self.cpu_states_per_second:,.0f} per CPU "
+            "second)"
+        )
+        probes = self.probes
+        moves = sorted((k[5:], v) for k, v in probes.items() if k.startswith("move:"))
+        acts = sorted((k[11:], v) for k, v in probes.items() if k.startswith("transition:"))
+        lines.append("  hits per environment move: " + ", ".join(f"{k} {v:,}" for k, v in moves))
+        lines.append("  hits per core transition: " + ", ".join(f"{k} {v:,}" for k, v in acts))
+        missing = self.missing_probes
+        lines.append(
+            f"  probes: {len(self.profile.required_probes) - len(missing)}/"
+            f"{len(self.profile.required_probes)} hit"
+            + (f"; NEVER HIT (vacuous): {', '.join(missing)}" if missing else "")
+        )
+        cex = self.violation
+        if cex is not None:
+            lines.append(f"  VIOLATION in {cex.config.name}: {cex.error}")
+        return "\n".join(lines)
+
+
+def run_profile(
+    profile: Profile,
+    step_fn: StepFn = rc.step,
+    actions: dict[str, Action] | None = None,
+    progress: bool = True,
+    stream: TextIO | None = None,
+) -> ProfileResult:
+    """Explore every configuration of ``profile`` in this process (stopping at the first
+    violation). ``explore_job`` is the same for one configuration, in a worker process."""
+    results = []
+    for config in profile.configs:
+        bar = Progress(f"{profile.name}/{config.name}", stream, enabled=progress)
+        result = explore(config, step_fn, actions, progress=bar)
+        bar.done()
+        results.append(result)
+        if result.violation is not None:
+            break
+    return ProfileResult(profile, tuple(results))
+
+
+def explore_job(config: Config, label: str, progress: bool) -> ExploreResult:
+    """One configuration with the real core, for a worker process (progress as plain lines,
+    since several processes share the terminal)."""
+    bar = Progress(label, sys.stderr, enabled=progress)
+    bar.tty = False
+    bar.period = 5.0
+    return explore(config, progress=bar)
+
+
+# --- replay and rendering ---------------------------------------------------------------------
+
+
+def replay(
+    config: Config,
+    moves: Iterable[ActionInstance],
+    step_fn: StepFn = rc.step,
+    actions: dict[str, Action] | None = None,
+    check_quiescence: bool = False,
+) -> Lockstep:
+    """Replay ``moves`` through the real core and the spec with every check on; raises
+    ``RefinementError`` at the first violation (including quiescence at the end, if asked).
+    A move the environment can no longer make (the core now decides differently, so the path
+    no longer exists) ends the replay without error."""
+    ls = new_lockstep(config, step_fn, actions, record=True)
+    ls.check_state()
+    for move in moves:
+        if move not in env_moves(ls, config.budget):
+            return ls
+        apply_move(ls, move)
+    if check_quiescence:
+        I = Concrete(config.bounds.sizes())
+        broken = [q.name for q in QUIESCENCE if not q.holds(I, ls.spec)]
+        if broken:
+            raise RefinementError(f"quiescence property(ies) {broken} violated at the end")
+    return ls
+
+
+def replay_lines(
+    cex: Counterexample, step_fn: StepFn = rc.step, actions: dict[str, Action] | None = None
+) -> list[str]:
+    ls = new_lockstep(cex.config, step_fn, actions, record=True)
+    lines = []
+    error = None
+    for n, move in enumerate(cex.moves, 1):
+        before = len(ls.trace)
+        try:
+            apply_move(ls, move)
+        except RefinementError as err:
+            error = str(err)
+        new = ls.trace[before:]
+        lines.append(f"{n:>3}. {move}")
+        lines.extend(f"       {line.strip()}" for line in new[1:])
+        if error is not None:
+            break
+    if error is None and cex.quiescence:
+        I = Concrete(cex.config.bounds.sizes())
+        broken = [q.name for q in QUIESCENCE if not q.holds(I, ls.spec)]
+        error = f"quiescent state violates {broken}" if broken else None
+    lines.append(f"  => {error or 'no violation on replay (' + cex.error + ')'}")
+    return lines
+
+
+def render_pytest(cex: Counterexample, mutant: str | None = None) -> str:
+    b = cex.config.bounds
+    budget = cex.config.budget
+    moves = ",\n".join(f"    A({m.name!r}, {m.args!r})" for m in cex.moves)
+    ctx = f"MUTANTS[{mutant!r}].active()" if mutant is not None else "contextlib.nullcontext()"
+    mutant_import = "from retire_checks.mutants import MUTANTS\n" if mutant is not None else ""
+    return f'''"""Counterexample found by the Retire explorer ({cex.config.name}).
+
+Violation: {cex.error}
+The test replays the shortest path through the real core and the spec with every check on; it
+fails while the violation is present{" (inside mutant " + repr(mutant) + ")" if mutant else ""}.
+"""
+
+import contextlib
+
+from retire_checks.environment import Budget
+from retire_checks.explorer import Config, replay
+{mutant_import}from retire_spec.actions import ActionInstance as A
+from retire_spec.schema import Bounds
+
+CONFIG = Config(
+    {cex.config.name!r},
+    Bounds(
+        scopes={b.scopes},
+        parts={b.parts},
+        frames={b.frames},
+        pages={b.pages},
+        positions={b.positions},
+        max_epoch={b.max_epoch},
+        contexts={b.contexts!r},
+        fingerprints={b.fingerprints!r},
+    ),
+    Budget(
+        faults={budget.faults},
+        frame_kinds={budget.frame_kinds!r},
+        partial_writes={budget.partial_writes!r},
+        reuse_choices={budget.reuse_choices!r},
+        pause={budget.pause!r},
+        cancel={budget.cancel!r},
+    ),
+    ledger_size={cex.config.ledger_size},
+)
+MOVES = (
+{moves},
+)
+CHECK_QUIESCENCE = {cex.quiescence!r}
+
+
+def test_counterexample_replays_cleanly() -> None:
+    with {ctx}:
+        replay(CONFIG, MOVES, check_quiescence=CHECK_QUIESCENCE)
+'''
+
+
+__all__ = [
+    "ALL_PROBES",
+    "FULL",
+    "PROFILES",
+    "QUICK",
+    "Config",
+    "Counterexample",
+    "ExploreResult",
+    "Profile",
+    "ProfileResult",
+    "Progress",
+    "explore",
+    "explore_spec",
+    "probe_hits",
+    "replay",
+    "run_profile",
+]

@@ -1,0 +1,738 @@
+"""The mutant catalogue: seeded bugs in the core and in the spec, and the checks that kill them.
+
+A check that cannot fail proves nothing, so every check of this package is run against bugs it
+must find. *Core mutants* patch one decision of ``retire_core`` (``unittest.mock.patch`` on the
+gates, handoff, reclamation, a handler or a record method) and leave the spec alone: the
+explorer over the real core must find a refinement, invariant or quiescence violation.
+*Spec mutants* weaken one guard or effect of ``retire_spec.actions`` (an alternative action
+table, written in the same vocabulary, so Z3 reads it too): the spec explorer and the Z3 proofs
+must both fail on them. Hypothesis (``retire_checks.fuzz``) is run on core mutants when it is
+installed and asked for. ``judge`` runs the checks on one mutant and ``run_catalogue`` on all;
+a survivor makes the catalogue fail. Mutants name the bug kinds of issue 3 in their
+``kind``; the explorer configurations each one is judged in are small slices of the quick
+profile (a bug must show within them). What does not live here: the checks themselves
+(``explorer``, ``proofs``, ``fuzz``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import attrs
+
+import retire_core as rc
+from retire_checks.explorer import QUICK, Config, Counterexample, explore, explore_spec
+from retire_core import gates, handoff, machine, reclaim
+from retire_spec import actions as A
+from retire_spec.expr import Interp, Val
+from retire_spec.schema import ACTIVE, IN_FLIGHT, Bounds, SpecState
+
+CONFIGS: dict[str, Config] = {c.name: c for c in QUICK.configs}
+
+# Small spec-only worlds (the spec explorer enumerates every action instance, the core's
+# decisions included, so it needs less room than the explorer over the core).
+SPEC_ONE = Config("spec-one", Bounds(1, 1, 1, 1, 1, 1, ((1,), (2,)), (0,)))
+SPEC_TWO_PARTS = Config("spec-two-parts", Bounds(1, 2, 0, 1, 1, 1, ((1,), (2,)), (0,)))
+SPEC_CHAIN = Config("spec-chain", Bounds(1, 1, 0, 1, 1, 2, ((1,), (2,)), (0,)))
+SPEC_TENANTS = Config("spec-tenants", Bounds(2, 2, 0, 1, 1, 0, ((1,),), (0, 1)))
+SPEC_TENANTS_REVISED = Config("spec-tenants-revised", Bounds(2, 1, 0, 1, 1, 1, ((1,),), (0, 1)))
+
+
+@attrs.frozen(slots=True)
+class Mutant:
+    name: str
+    kind: str  # the bug kind of issue 3 it seeds
+    level: str  # "core" or "spec"
+    description: str
+    configs: tuple[Config, ...]
+    patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    actions: dict[str, A.Action] | None = None
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """The core as this mutant has it (a no-op for spec mutants)."""
+        if self.patch is None:
+            yield
+            return
+        with self.patch():
+            yield
+
+
+# --- core mutants ----------------------------------------------------------------------------
+
+_gate = gates.publication_gate
+_write_gate = gates.write_gate
+_verify = handoff.verify_adoption
+_release = handoff.release_certificate
+_candidates = handoff._candidates
+_reclaim = reclaim.reclaim
+_on_cancel = machine.on_cancel
+_certify = handoff.certify_prefix
+
+
+def _stale_gate(kind: rc.FrameKind) -> Callable[..., tuple[bool, str | None]]:
+    def gate(scope: rc.ScopeRecord, version: int, k: rc.FrameKind) -> tuple[bool, str | None]:
+        if k is kind and scope.state is not rc.ScopeState.CANCELLED:
+            return True, None  # forgets the version check for this kind
+        return _gate(scope, version, k)
+
+    return gate
+
+
+def _cancelled_gate(
+    scope: rc.ScopeRecord, version: int, k: rc.FrameKind
+) -> tuple[bool, str | None]:
+    if scope.state is rc.ScopeState.CANCELLED and version == scope.epoch:
+        return True, None
+    return _gate(scope, version, k)
+
+
+def _pause_gate(scope: rc.ScopeRecord, version: int, k: rc.FrameKind) -> tuple[bool, str | None]:
+    if scope.state is rc.ScopeState.PAUSED:
+        return False, "retired_version"  # a paused scope is treated as having lost authority
+    return _gate(scope, version, k)
+
+
+def _write_gate_ignoring(field: str) -> Callable[..., tuple[bool, str | None]]:
+    def gate(
+        page: rc.PageRecord | None, scope: str, version: int, participant: str
+    ) -> tuple[bool, str | None]:
+        if page is not None and page.writer_open:
+            if field == "version" and page.owner == scope:
+                return True, None
+            if field == "owner" and page.version == version:
+                return True, None
+        return _write_gate(page, scope, version, participant)
+
+    return gate
+
+
+def _candidates_open_writers(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
+    by_position = _candidates(txn, scope, rec)
+    for p, page in txn.pages.items():
+        if (
+            page.owner == scope
+            and page.version < rec.epoch
+            and page.writer_open
+            and page.position < len(rec.context)
+            and page.prefix == rec.context[page.position]
+        ):
+            fake = attrs.evolve(page, writer_open=False, full=True, digest=page.digest or "0")
+            by_position.setdefault(page.position, []).append((p, fake))
+    return by_position
+
+
+def _candidates_any_prefix(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
+    by_position: dict[int, list[Any]] = {}
+    for p, page in txn.pages.items():
+        if (
+            page.owner == scope
+            and page.version < rec.epoch
+            and not page.pinned
+            and page.position < len(rec.context)
+            and page.prefix is not None  # ... but not whether it equals the revised context's
+        ):
+            by_position.setdefault(page.position, []).append((p, page))
+    return by_position
+
+
+def _candidates_any_scope(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
+    by_position: dict[int, list[Any]] = {}
+    for p, page in txn.pages.items():
+        if (
+            page.version < rec.epoch  # any owner, any fingerprint: another tenant's pages too
+            and not page.pinned
+            and page.position < len(rec.context)
+            and page.prefix is not None
+            and page.prefix == rec.context[page.position]
+        ):
+            by_position.setdefault(page.position, []).append((p, page))
+    return by_position
+
+
+def _verify_ignoring(field: str) -> Callable[[Any, rc.AdoptionReport], None]:
+    def verify(txn: Any, ev: rc.AdoptionReport) -> None:
+        rec = txn.scopes[ev.scope]
+        cert = rec.certificate
+        if field == "generation":
+            entries = tuple(
+                attrs.evolve(e, generation=txn.pages[e.page].generation)
+                if e.page in txn.pages
+                else e
+                for e in cert.entries
+            )
+            txn.scopes[ev.scope] = attrs.evolve(
+                rec, certificate=attrs.evolve(cert, entries=entries)
+            )
+        else:
+            certified = {e.page: e.digest for e in cert.entries}
+            ev = attrs.evolve(
+                ev, digests=tuple(rc.PageDigest(d.page, certified[d.page]) for d in ev.digests)
+            )
+        _verify(txn, ev)
+
+    return verify
+
+
+def _reused_without_new_generation(txn: Any, ev: rc.PageReused) -> None:
+    page = txn.pages.get(ev.page)
+    if page is None or page.held or page.writer_open or not page.full:
+        raise rc.PageInUseError(f"page {ev.page} is in use")
+    txn.record("reuse_id", rc.Stage.RECLAIM, page.owner, page.version, page=ev.page)
+
+
+def _reclaim_unpinning_drained(txn: Any, scope: str) -> None:
+    rec = txn.scopes[scope]
+    for p, page in list(txn.pages.items()):
+        if page.owner == scope and page.pinned and rec.drained(page.version):
+            txn.pages[p] = attrs.evolve(page, pinned=False)  # the pin goes before adoption
+    _reclaim(txn, scope)
+
+
+def _reclaim_ignoring_references(txn: Any, scope: str) -> None:
+    rec = txn.scopes[scope]
+    for p, page in list(txn.pages.items()):
+        obsolete = rec.state is rc.ScopeState.CANCELLED or page.version < rec.epoch
+        if page.owner == scope and obsolete and page.held:
+            txn.pages[p] = attrs.evolve(page, held=False)  # frees under running readers
+    _reclaim(txn, scope)
+
+
+def _partial_drained(self: rc.ScopeRecord, version: int) -> bool:
+    mine = [r for r in self.participants.values() if r.version == version]
+    return not mine or any(r.closed for r in mine)
+
+
+def _cancel_with_successor(txn: Any, ev: rc.Cancel) -> None:
+    _on_cancel(txn, ev)
+    rec = txn.scopes[ev.scope]
+    txn.scopes[ev.scope] = attrs.evolve(rec, epoch=rec.epoch + 1, admitted=True)
+
+
+def _release_keeping_pins(txn: Any, scope: str, reason: str) -> None:
+    if reason == "superseded_before_adoption":
+        rec = txn.scopes[scope]
+        txn.scopes[scope] = attrs.evolve(rec, certificate=None)  # forgets the pins: a leak
+        return
+    _release(txn, scope, reason)
+
+
+def _certify_cold_too(txn: Any, scope: str) -> None:
+    rec = txn.scopes[scope]
+    if not rec.contract.allows_reuse:
+        txn.scopes[scope] = attrs.evolve(rec, contract=rc.DEFAULT_CONTRACT)
+        _certify(txn, scope)
+        after = txn.scopes[scope]
+        txn.scopes[scope] = attrs.evolve(after, contract=rec.contract)
+        return
+    _certify(txn, scope)
+
+
+def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
+    return lambda: mock.patch.object(target, name, value)
+
+
+_C = CONFIGS
+CORE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "stale_token_published",
+        "stale publication (token)",
+        "core",
+        "the publication gate forgets the version check for token frames",
+        (_C["chain"],),
+        _p(machine, "publication_gate", _stale_gate(rc.FrameKind.TOKEN)),
+    ),
+    Mutant(
+        "stale_commit_applied",
+        "stale publication (commit gate)",
+        "core",
+        "the scheduler commit gate forgets the version check",
+        (_C["control"],),
+        _p(machine, "publication_gate", _stale_gate(rc.FrameKind.COMMIT)),
+    ),
+    Mutant(
+        "stale_state_installed",
+        "stale publication (install gate)",
+        "core",
+        "the state install gate forgets the version check",
+        (_C["control"],),
+        _p(machine, "publication_gate", _stale_gate(rc.FrameKind.INSTALL)),
+    ),
+    Mutant(
+        "cancelled_scope_publishes",
+        "stale publication (cancel)",
+        "core",
+        "frames of a cancelled scope's last version still publish",
+        (_C["control"],),
+        _p(machine, "publication_gate", _cancelled_gate),
+    ),
+    Mutant(
+        "open_writer_page_adopted",
+        "adopting an open-writer page",
+        "core",
+        "ALIGN certifies pages whose writer is still open",
+        (_C["chain"],),
+        _p(handoff, "_candidates", _candidates_open_writers),
+    ),
+    Mutant(
+        "prefix_mismatch_adopted",
+        "prefix mismatch",
+        "core",
+        "ALIGN certifies a page whatever prefix it covers",
+        (_C["chain"],),
+        _p(handoff, "_candidates", _candidates_any_prefix),
+    ),
+    Mutant(
+        "foreign_fingerprint_adopted",
+        "fingerprint mismatch",
+        "core",
+        "ALIGN certifies matching-prefix pages of any owner and configuration fingerprint",
+        (_C["tenants"],),
+        _p(handoff, "_candidates", _candidates_any_scope),
+    ),
+    Mutant(
+        "generation_reused",
+        "generation reuse",
+        "core",
+        "a recycled block id keeps its ownership generation",
+        (_C["chain"],),
+        _p(machine, "on_page_reused", _reused_without_new_generation),
+    ),
+    Mutant(
+        "generation_ignored",
+        "generation reuse (not checked)",
+        "core",
+        "the adoption check ignores the ownership generation",
+        (_C["chain"],),
+        _p(handoff, "verify_adoption", _verify_ignoring("generation")),
+    ),
+    Mutant(
+        "digest_ignored",
+        "digest ignored",
+        "core",
+        "the adoption check ignores the content digest",
+        (_C["chain"],),
+        _p(handoff, "verify_adoption", _verify_ignoring("digest")),
+    ),
+    Mutant(
+        "pin_released_before_adoption",
+        "handoff pin released before adoption",
+        "core",
+        "RECLAIM drops a certified page's handoff pin once its version drained",
+        (_C["chain"],),
+        _p(reclaim, "reclaim", _reclaim_unpinning_drained),
+    ),
+    Mutant(
+        "freed_while_referenced",
+        "free while referenced",
+        "core",
+        "RECLAIM drops an obsolete version's references without waiting for its receipts",
+        (_C["chain"],),
+        _p(reclaim, "reclaim", _reclaim_ignoring_references),
+    ),
+    Mutant(
+        "retired_writer_overwrites_successor",
+        "retired writer overwriting the successor's page",
+        "core",
+        "the write gate lets any version of the owning scope write an open page",
+        (_C["chain"],),
+        _p(machine, "write_gate", _write_gate_ignoring("version")),
+    ),
+    Mutant(
+        "cross_tenant_write",
+        "cross-tenant write",
+        "core",
+        "the write gate lets any scope write an open page of the same version number",
+        (_C["tenants"],),
+        _p(machine, "write_gate", _write_gate_ignoring("owner")),
+    ),
+    Mutant(
+        "closed_on_partial_receipts",
+        "closing a version on a partial set of receipts",
+        "core",
+        "a version counts as drained once any one of its participants has closed",
+        (_C["chain"],),
+        _p(rc.ScopeRecord, "drained", _partial_drained),
+    ),
+    Mutant(
+        "pause_loses_authority",
+        "pause losing authority",
+        "core",
+        "the publication gate drops frames of a paused scope's current version",
+        (_C["control"],),
+        _p(machine, "publication_gate", _pause_gate),
+    ),
+    Mutant(
+        "cancel_creates_successor",
+        "cancel creating a successor",
+        "core",
+        "cancel moves the scope to a new, admitted version",
+        (_C["control"],),
+        lambda: mock.patch.dict(machine._SCOPE_HANDLERS, {"on_cancel": _cancel_with_successor}),
+    ),
+    Mutant(
+        "chain_collapse_leaks_pins",
+        "chain collapse that leaks",
+        "core",
+        "a revision during a pending handoff forgets the certificate without unpinning",
+        (_C["chain"],),
+        _p(handoff, "release_certificate", _release_keeping_pins),
+    ),
+    Mutant(
+        "cold_successor_pins",
+        "cold successor inheriting",
+        "core",
+        "ALIGN certifies and pins even when the contract says reuse is not worth it",
+        (_C["chain"],),
+        _p(handoff, "certify_prefix", _certify_cold_too),
+    ),
+)
+
+
+# --- spec mutants: one guard or effect weakened ----------------------------------------------
+
+
+def _replace(name: str, **changes: Any) -> dict[str, A.Action]:
+    table = dict(A.ACTION_BY_NAME)
+    table[name] = attrs.evolve(table[name], **changes)
+    return table
+
+
+def _publish_stale(kind: int) -> A.Guard:
+    def guard(I: Interp, st: SpecState, f: Val) -> Val:
+        stale = I.and_(
+            I.eq(I.get(st["frame_state"], f), I.lit(IN_FLIGHT)),
+            I.eq(I.get(st["frame_kind"], f), I.lit(kind)),
+        )
+        return I.or_(A.publish_guard(I, st, f), stale)
+
+    return guard
+
+
+def _handoff_guard(skip: str) -> Callable[[Interp, SpecState, Val, Val], Val]:
+    """The adopt guard with one of its checks left out (``skip``)."""
+
+    def guard(I: Interp, st: SpecState, s: Val, p: Val) -> Val:
+        pos = I.get(st["page_pos"], p)
+        checks = {
+            "mode": A._mode_is(I, st, s, ACTIVE),
+            "pending": I.not_(I.get(st["scope_admitted"], s)),
+            "pinned": I.get(st["page_pinned"], p),
+            "cert_scope": I.eq(I.get(st["page_cert_scope"], p), s),
+            "cert_ver": I.eq(I.get(st["page_cert_ver"], p), I.get(st["scope_epoch"], s)),
+            "owner": I.eq(I.get(st["page_owner"], p), s),
+            "alloc": I.get(st["page_alloc"], p),
+            "writer": I.not_(I.get(st["page_writer"], p)),
+            "full": I.get(st["page_full"], p),
+            "generation": I.eq(I.get(st["page_gen"], p), I.get(st["page_cert_gen"], p)),
+            "digest": I.eq(I.get(st["page_data"], p), I.get(st["page_cert_digest"], p)),
+            "prefix": I.eq(I.get(st["page_tok"], p), I.get(I.get(st["scope_want"], s), pos)),
+            "fingerprint": I.eq(I.get(st["page_fp"], p), I.get(st["scope_fp"], s)),
+        }
+        return I.and_(*(v for k, v in checks.items() if k != skip))
+
+    return guard
+
+
+def _certify_guard(skip: str | tuple[str, ...]) -> Callable[[Interp, SpecState, Val, Val], Val]:
+    """The certify guard with one of its checks left out (``skip``)."""
+
+    def guard(I: Interp, st: SpecState, s: Val, p: Val) -> Val:
+        pos = I.get(st["page_pos"], p)
+        checks = {
+            "mode": A._mode_is(I, st, s, ACTIVE),
+            "pending": I.not_(I.get(st["scope_admitted"], s)),
+            "reuse": I.get(st["scope_reuse"], s),
+            "alloc": I.get(st["page_alloc"], p),
+            "owner": I.eq(I.get(st["page_owner"], p), s),
+            "retired": I.lt(I.get(st["page_over"], p), I.get(st["scope_epoch"], s)),
+            "writer": I.not_(I.get(st["page_writer"], p)),
+            "full": I.get(st["page_full"], p),
+            "unpinned": I.not_(I.get(st["page_pinned"], p)),
+            "prefix": I.eq(I.get(st["page_tok"], p), I.get(I.get(st["scope_want"], s), pos)),
+            "fingerprint": I.eq(I.get(st["page_fp"], p), I.get(st["scope_fp"], s)),
+        }
+        skipped = (skip,) if isinstance(skip, str) else skip
+        return I.and_(*(v for k, v in checks.items() if k not in skipped))
+
+    return guard
+
+
+def _write_guard(skip: str) -> Callable[[Interp, SpecState, Val, Val, Val], Val]:
+    def guard(I: Interp, st: SpecState, p: Val, q: Val, done: Val) -> Val:
+        checks = {
+            "running": A._running(I, st, q),
+            "alloc": I.get(st["page_alloc"], p),
+            "owner": I.eq(I.get(st["page_owner"], p), I.get(st["part_scope"], q)),
+            "version": I.eq(I.get(st["page_over"], p), I.get(st["part_ver"], q)),
+            "writer": I.get(st["page_writer"], p),
+        }
+        return I.and_(*(v for k, v in checks.items() if k != skip))
+
+    return guard
+
+
+def _free_pinned_guard(I: Interp, st: SpecState, p: Val) -> Val:
+    return I.and_(I.get(st["page_alloc"], p), I.not_(I.get(st["page_held"], p)))
+
+
+def _supersede_keeping_pins(
+    I: Interp, st: SpecState, s: Val, ctx: Val, reuse: Val
+) -> dict[str, Val]:
+    effect = A.supersede_effect(I, st, s, ctx, reuse)
+    del effect["page_pinned"]  # chain collapse forgets the previous successor's pins
+    return effect
+
+
+def _pause_advancing(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
+    effect = A.pause_effect(I, st, s)
+    epoch = I.get(st["scope_epoch"], s)
+    effect["scope_epoch"] = I.store(st["scope_epoch"], s, I.add(epoch, I.lit(1)))
+    return effect
+
+
+def _cancel_admitting(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
+    effect = A.cancel_effect(I, st, s)
+    epoch = I.get(st["scope_epoch"], s)
+    effect["scope_epoch"] = I.store(st["scope_epoch"], s, I.add(epoch, I.lit(1)))
+    effect["scope_admitted"] = I.store(st["scope_admitted"], s, I.lit(True))
+    return effect
+
+
+SPEC_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "spec_stale_token_published",
+        "stale publication (token)",
+        "spec",
+        "publish is enabled for any in-flight token frame",
+        (SPEC_ONE,),
+        actions=_replace("publish", guard=_publish_stale(0)),
+    ),
+    Mutant(
+        "spec_stale_commit_applied",
+        "stale publication (commit gate)",
+        "spec",
+        "publish is enabled for any in-flight scheduler commit",
+        (SPEC_ONE,),
+        actions=_replace("publish", guard=_publish_stale(1)),
+    ),
+    Mutant(
+        "spec_stale_state_installed",
+        "stale publication (install gate)",
+        "spec",
+        "publish is enabled for any in-flight state install",
+        (SPEC_ONE,),
+        actions=_replace("publish", guard=_publish_stale(2)),
+    ),
+    Mutant(
+        "spec_open_writer_adopted",
+        "adopting an open-writer page",
+        "spec",
+        "certify and adopt no longer require the page's writer to be closed",
+        (SPEC_ONE,),
+        actions={
+            **_replace("certify", guard=_certify_guard("writer")),
+            "adopt": attrs.evolve(A.ACTION_BY_NAME["adopt"], guard=_handoff_guard("writer")),
+        },
+    ),
+    Mutant(
+        "spec_prefix_mismatch_adopted",
+        "prefix mismatch",
+        "spec",
+        "certify and adopt no longer compare the page's prefix with the successor's context",
+        (SPEC_ONE,),
+        actions={
+            **_replace("certify", guard=_certify_guard("prefix")),
+            "adopt": attrs.evolve(A.ACTION_BY_NAME["adopt"], guard=_handoff_guard("prefix")),
+        },
+    ),
+    Mutant(
+        "spec_foreign_page_certified",
+        "fingerprint mismatch",
+        "spec",
+        "certify takes matching-prefix pages of any owner and configuration fingerprint",
+        (SPEC_TENANTS_REVISED,),
+        actions=_replace("certify", guard=_certify_guard(("owner", "fingerprint"))),
+    ),
+    Mutant(
+        "spec_generation_ignored",
+        "generation reuse",
+        "spec",
+        "adopt no longer compares the ownership generation with the certificate",
+        (SPEC_ONE,),
+        actions=_replace("adopt", guard=_handoff_guard("generation")),
+    ),
+    Mutant(
+        "spec_digest_ignored",
+        "digest ignored",
+        "spec",
+        "adopt no longer compares the page's bytes with the certified digest",
+        (SPEC_ONE,),
+        actions=_replace("adopt", guard=_handoff_guard("digest")),
+    ),
+    Mutant(
+        "spec_retired_writer_overwrites",
+        "retired writer overwriting the successor's page",
+        "spec",
+        "a write lands whatever version of the owning scope the writer belongs to",
+        (SPEC_TWO_PARTS,),
+        actions=_replace("write", guard=_write_guard("version")),
+    ),
+    Mutant(
+        "spec_cross_tenant_write",
+        "cross-tenant write",
+        "spec",
+        "a write lands in an open page of any scope",
+        (SPEC_TENANTS,),
+        actions=_replace("write", guard=_write_guard("owner")),
+    ),
+    Mutant(
+        "spec_free_while_pinned",
+        "free while referenced",
+        "spec",
+        "free no longer waits for the handoff pin",
+        (SPEC_ONE,),
+        actions=_replace("free", guard=_free_pinned_guard),
+    ),
+    Mutant(
+        "spec_chain_collapse_leaks",
+        "chain collapse that leaks",
+        "spec",
+        "a revision keeps the pending successor's handoff pins",
+        (SPEC_CHAIN,),
+        actions=_replace("supersede", effect=_supersede_keeping_pins),
+    ),
+    Mutant(
+        "spec_pause_loses_authority",
+        "pause losing authority",
+        "spec",
+        "pause moves the scope to a new version",
+        (SPEC_ONE,),
+        actions=_replace("pause", effect=_pause_advancing),
+    ),
+    Mutant(
+        "spec_cancel_creates_successor",
+        "cancel creating a successor",
+        "spec",
+        "cancel moves the scope to a new, admitted version",
+        (SPEC_ONE,),
+        actions=_replace("cancel", effect=_cancel_admitting),
+    ),
+)
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in CORE_MUTANTS + SPEC_MUTANTS}
+
+
+# --- judging ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Verdict:
+    mutant: Mutant
+    killed_by: tuple[str, ...]  # "explorer", "z3", "hypothesis"
+    detail: dict[str, str]  # check -> what it found (or why it did not)
+    counterexample: Counterexample | None
+    seconds: float
+
+    @property
+    def killed(self) -> bool:
+        return "explorer" in self.killed_by and (
+            self.mutant.level == "core" or "z3" in self.killed_by
+        )
+
+
+def judge(
+    mutant: Mutant,
+    *,
+    use_z3: bool = True,
+    use_hypothesis: bool = False,
+    max_states: int = 200_000,
+    z3_timeout_ms: int = 10_000,
+    bmc_depth: int = 0,
+) -> Verdict:
+    """Run the checks on one mutant. The explorer is always run (over the core for a core
+    mutant, over the spec for a spec mutant); Z3 on spec mutants; Hypothesis on core mutants
+    when asked."""
+    t0 = time.perf_counter()
+    killed: list[str] = []
+    detail: dict[str, str] = {}
+    cex: Counterexample | None = None
+    for config in mutant.configs:
+        capped = attrs.evolve(config, max_states=max_states)
+        if mutant.level == "core":
+            with mutant.active():
+                result = explore(capped)
+        else:
+            result = explore_spec(capped, mutant.actions, max_states=max_states)
+        if result.violation is not None:
+            cex = result.violation
+            killed.append("explorer")
+            detail["explorer"] = (
+                f"{config.name}: {len(cex.moves)} steps, {result.states:,} states: {cex.error}"
+            )
+            break
+        detail["explorer"] = f"survived {config.name} ({result.states:,} states)"
+    if use_z3 and mutant.level == "spec":
+        from retire_checks.proofs import prove
+
+        assert mutant.actions is not None
+        report = prove(
+            actions=tuple(mutant.actions.values()),
+            timeout_ms=z3_timeout_ms,
+            bmc_depth=bmc_depth,
+        )
+        failed = {k: v for k, v in report.results.items() if v != "proved"}
+        if failed or report.bmc_status == "violated":
+            killed.append("z3")
+            broken = [c.name for c in report.checks if c.status != "proved"]
+            detail["z3"] = f"not inductive any more: {broken[:4]}" + (
+                f"; bmc: {report.bmc_status}" if bmc_depth else ""
+            )
+        else:
+            detail["z3"] = "every invariant still proved"
+    if use_hypothesis and mutant.level == "core":
+        try:
+            from retire_checks.fuzz import run_machine
+        except ModuleNotFoundError as err:  # hypothesis is a dev extra
+            detail["hypothesis"] = f"not run ({err})"
+        else:
+            with mutant.active():
+                failure = run_machine(max_examples=60)
+            if failure is not None:
+                killed.append("hypothesis")
+                detail["hypothesis"] = f"{type(failure).__name__}"
+            else:
+                detail["hypothesis"] = "survived 60 examples"
+    return Verdict(mutant, tuple(killed), detail, cex, time.perf_counter() - t0)
+
+
+def run_catalogue(
+    names: list[str] | None = None,
+    *,
+    use_z3: bool = True,
+    use_hypothesis: bool = False,
+    progress: Callable[[Verdict], None] | None = None,
+) -> list[Verdict]:
+    """Judge the named mutants (all by default), in catalogue order."""
+    verdicts = []
+    for name in names or list(MUTANTS):
+        verdict = judge(MUTANTS[name], use_z3=use_z3, use_hypothesis=use_hypothesis)
+        if progress is not None:
+            progress(verdict)
+        verdicts.append(verdict)
+    return verdicts
+
+
+__all__ = [
+    "CORE_MUTANTS",
+    "MUTANTS",
+    "SPEC_MUTANTS",
+    "Mutant",
+    "Verdict",
+    "judge",
+    "run_catalogue",
+]

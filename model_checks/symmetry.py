@@ -1,0 +1,271 @@
+"""Symmetry reduction: one fingerprint per orbit of joint states under renaming of identities.
+
+The explorer's joint state is (core state, spec state, pending byte checks, faults used). Scope
+slots of the same tenant class are interchangeable, tenants are interchangeable (fingerprint
+values are only ever compared for equality, by the spec and by the core), and so are participant
+and frame slots. ``Symmetry.fingerprint`` picks a renaming of the state — a scope permutation
+that maps the bounds' fingerprint assignment onto itself (renaming fingerprint values and tenant
+names along), then a sorting of participant and frame slots — and hashes a *complete* encoding
+of the renamed state. Equal fingerprints therefore mean (up to a 64-bit hash collision) states
+in the same orbit, which is what makes the reduction sound; ties in the sorting only cost
+reduction, never soundness. Page slots are *not* permuted: the core breaks ties between equally
+good pages by page id, so pages are not interchangeable. The encoder names every field of every
+core record it walks and refuses records with fields it does not know (a new core field must be
+added here, not silently dropped from the key). What does not live here: the search itself
+(``explorer``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+import retire_core as rc
+from retire_checks.abstraction import Universe
+from retire_spec.schema import COLUMN_INDEX, COLUMNS, NO_FRAME, SpecState
+
+# Every field of every record the core state is made of, and how the encoder treats it. A core
+# change that adds a field makes ``check_encoder_covers_core`` fail loudly.
+CORE_FIELDS: dict[type, tuple[str, ...]] = {
+    rc.CoreState: ("scopes", "pages", "generations", "ledger", "ledger_size"),
+    rc.ScopeRecord: (
+        "tenant",
+        "fingerprint",
+        "state",
+        "epoch",
+        "admitted",
+        "context",
+        "contract",
+        "participants",
+        "certificate",
+    ),
+    rc.ParticipantRecord: ("version", "closed"),
+    rc.PageRecord: (
+        "owner",
+        "version",
+        "participant",
+        "generation",
+        "position",
+        "prefix",
+        "fingerprint",
+        "writer_open",
+        "full",
+        "digest",
+        "held",
+        "pinned",
+    ),
+    rc.Certificate: ("scope", "version", "entries"),
+    rc.CertEntry: ("page", "position", "generation", "prefix", "fingerprint", "digest"),
+}
+
+
+def check_encoder_covers_core() -> None:
+    for cls, names in CORE_FIELDS.items():
+        actual = tuple(f.name for f in attrs.fields(cls))
+        if actual != names:
+            raise AssertionError(
+                f"{cls.__name__} has fields {actual}; the symmetry encoder knows {names}: "
+                "teach retire_checks.symmetry the new field before exploring"
+            )
+
+
+_C = COLUMN_INDEX
+_SCOPE_COLS = tuple(i for i, c in enumerate(COLUMNS) if c.sort == "Scope")
+_PART_COLS = tuple(i for i, c in enumerate(COLUMNS) if c.sort == "Part")
+_FRAME_COLS = tuple(i for i, c in enumerate(COLUMNS) if c.sort == "Frame")
+_PART_SCOPE, _PART_USED = _C["part_scope"], _C["part_used"]
+_FRAME_SCOPE, _FRAME_STATE = _C["frame_scope"], _C["frame_state"]
+_PAGE_OWNER, _PAGE_ALLOC = _C["page_owner"], _C["page_alloc"]
+_CERT_SCOPE, _PAGE_PINNED = _C["page_cert_scope"], _C["page_pinned"]
+_PAGE_FP, _SCOPE_FP = _C["page_fp"], _C["scope_fp"]
+
+
+@attrs.frozen(slots=True)
+class Renaming:
+    """One scope permutation with the fingerprint renaming it induces."""
+
+    slots: tuple[int, ...]  # old scope slot -> new scope slot
+    fps: Mapping[int, int]  # fingerprint value -> fingerprint value
+    scope_names: Mapping[str, str]
+    tenant_names: Mapping[str, str]
+    fp_names: Mapping[str, str]
+    identity: bool
+
+
+def scope_renamings(uni: Universe) -> tuple[Renaming, ...]:
+    """Every scope permutation that maps the fingerprint assignment onto itself up to a
+    renaming of fingerprint values (tenants of equal size may be swapped)."""
+    fps = uni.bounds.fingerprints
+    out = []
+    for perm in itertools.permutations(range(len(fps))):
+        phi: dict[int, int] = {}
+        ok = True
+        for s, t in enumerate(perm):
+            if phi.setdefault(fps[s], fps[t]) != fps[t]:
+                ok = False
+        if not ok or len(set(phi.values())) != len(phi):
+            continue
+        out.append(
+            Renaming(
+                tuple(perm),
+                phi,
+                {uni.scopes[s]: uni.scopes[t] for s, t in enumerate(perm)},
+                {f"t{a}": f"t{b}" for a, b in phi.items()},
+                {str(a): str(b) for a, b in phi.items()},
+                perm == tuple(range(len(fps))),
+            )
+        )
+    return tuple(out)
+
+
+class Symmetry:
+    """Fingerprints of joint states modulo the symmetry group (or plain, when disabled)."""
+
+    def __init__(self, uni: Universe, enabled: bool = True) -> None:
+        check_encoder_covers_core()
+        self.uni = uni
+        self.enabled = enabled
+        self.renamings = scope_renamings(uni) if enabled else scope_renamings(uni)[:1]
+        self.part_names = uni.parts
+
+    def fingerprint(
+        self, core: rc.CoreState, spec: SpecState, pending: Mapping[int, int], faults: int
+    ) -> int:
+        """``spec`` must be in canonical form (``abstraction.fast_canonical``)."""
+        cells = spec.cells
+        if not self.enabled:
+            return hash((core, cells, tuple(sorted(pending.items())), faults))
+        candidates = []
+        for ren in self.renamings:
+            spec_enc, part_map = self._rename_spec(cells, ren)
+            pend = tuple(sorted((ren.slots[s], v) for s, v in pending.items()))
+            candidates.append((hash((spec_enc, pend, faults)), spec_enc, pend, ren, part_map))
+        best = min(c[0] for c in candidates)
+        full = [
+            hash((h, encode_core(core, ren, part_map)))
+            for h, _, _, ren, part_map in candidates
+            if h == best
+        ]
+        return min(full)
+
+    # --- the spec side ----------------------------------------------------------------------
+    def _rename_spec(
+        self, cells: tuple[Any, ...], ren: Renaming
+    ) -> tuple[tuple[Any, ...], dict[str, str]]:
+        out = list(cells)
+        slots, phi = ren.slots, ren.fps
+        if not ren.identity:
+            for i in _SCOPE_COLS:
+                col = cells[i]
+                new = list(col)
+                for s, v in enumerate(col):
+                    new[slots[s]] = v
+                out[i] = tuple(new)
+            out[_SCOPE_FP] = tuple(phi[v] for v in out[_SCOPE_FP])
+            used = cells[_PART_USED]
+            out[_PART_SCOPE] = tuple(
+                slots[v] if u else v for v, u in zip(cells[_PART_SCOPE], used, strict=True)
+            )
+            fstate = cells[_FRAME_STATE]
+            out[_FRAME_SCOPE] = tuple(
+                slots[v] if st != NO_FRAME else v
+                for v, st in zip(cells[_FRAME_SCOPE], fstate, strict=True)
+            )
+            alloc, pinned = cells[_PAGE_ALLOC], cells[_PAGE_PINNED]
+            out[_PAGE_OWNER] = tuple(
+                slots[v] if a else v for v, a in zip(cells[_PAGE_OWNER], alloc, strict=True)
+            )
+            out[_CERT_SCOPE] = tuple(
+                slots[v] if a and pn else v
+                for v, a, pn in zip(cells[_CERT_SCOPE], alloc, pinned, strict=True)
+            )
+            out[_PAGE_FP] = tuple(
+                phi.get(v, v) if a else v for v, a in zip(cells[_PAGE_FP], alloc, strict=True)
+            )
+        # Participants: used ones first, ordered by everything the spec knows about them.
+        n_parts = len(cells[_PART_USED])
+        rows = [tuple(out[i][q] for i in _PART_COLS) for q in range(n_parts)]
+        order = sorted(range(n_parts), key=lambda q: (not cells[_PART_USED][q], rows[q], q))
+        if order != list(range(n_parts)):
+            for i in _PART_COLS:
+                col = out[i]
+                out[i] = tuple(col[q] for q in order)
+        part_map = {self.part_names[q]: self.part_names[new] for new, q in enumerate(order)}
+        # Frames: the core never sees frame slots, so any order is a renaming; sort fully.
+        n_frames = len(cells[_FRAME_STATE])
+        if n_frames > 1:
+            frows = sorted(tuple(out[i][f] for i in _FRAME_COLS) for f in range(n_frames))
+            for j, i in enumerate(_FRAME_COLS):
+                out[i] = tuple(row[j] for row in frows)
+        return tuple(out), part_map
+
+
+def encode_core(core: rc.CoreState, ren: Renaming, parts: Mapping[str, str]) -> tuple[Any, ...]:
+    """A complete encoding of ``core`` with scope, tenant, fingerprint and participant names
+    renamed (page ids, versions, generations, prefixes and digests are kept as they are)."""
+    sn, tn, fn = ren.scope_names, ren.tenant_names, ren.fp_names
+    scopes = []
+    for sid, rec in core.scopes.items():
+        cert = rec.certificate
+        cert_enc = (
+            None
+            if cert is None
+            else (
+                sn[cert.scope],
+                cert.version,
+                tuple(
+                    (
+                        e.page,
+                        e.position,
+                        e.generation,
+                        e.prefix,
+                        fn.get(e.fingerprint, e.fingerprint),
+                        e.digest,
+                    )
+                    for e in cert.entries
+                ),
+            )
+        )
+        scopes.append(
+            (
+                sn[sid],
+                tn.get(rec.tenant, rec.tenant),
+                fn.get(rec.fingerprint, rec.fingerprint),
+                rec.state,
+                rec.epoch,
+                rec.admitted,
+                rec.context,
+                rec.contract,
+                tuple(sorted((parts[q], r) for q, r in rec.participants.items())),
+                cert_enc,
+            )
+        )
+    scopes.sort(key=lambda row: row[0])
+    pages = tuple(
+        (
+            p,
+            sn[r.owner],
+            r.version,
+            parts[r.participant],
+            r.generation,
+            r.position,
+            r.prefix,
+            fn.get(r.fingerprint, r.fingerprint),
+            r.writer_open,
+            r.full,
+            r.digest,
+            r.held,
+            r.pinned,
+        )
+        for p, r in sorted(core.pages.items())
+    )
+    return (
+        tuple(scopes),
+        pages,
+        tuple(sorted(core.generations.items())),
+        tuple((sn[s], v) for s, v in core.ledger),
+        core.ledger_size,
+    )

@@ -1,0 +1,62 @@
+"""``retire check``: the quick profile end to end — explorer, Z3 and the mutant catalogue — with
+the JSON report the issue asks for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from retire_checks.cli import main
+from retire_checks.explorer import ALL_PROBES
+from retire_spec.invariants import INVARIANTS, QUIESCENCE
+
+REQUIRED_KEYS = {
+    "profile",
+    "states",
+    "transitions",
+    "max_depth",
+    "seconds",
+    "states_per_second",
+    "invariants",
+    "refinement",
+    "probes",
+    "z3",
+    "mutants",
+    "mutants_total",
+    "mutants_killed",
+}
+
+
+def test_retire_check_quick_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report_path = tmp_path / "report.json"
+    code = main(["check", "--json", str(report_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    assert set(report) >= REQUIRED_KEYS
+    assert report["profile"] == "quick"
+    assert report["states"] > 40_000 and report["transitions"] > report["states"]
+    assert report["max_depth"] >= 15
+    assert report["states_per_second"] > 0
+    assert set(report["invariants"]) == {i.name for i in INVARIANTS + QUIESCENCE}
+    assert all(report["invariants"].values())
+    assert report["refinement"] is True
+    assert set(report["probes"]) == set(ALL_PROBES)
+    assert all(hits > 0 for hits in report["probes"].values())
+    assert report["z3"] and all(v == "proved" for v in report["z3"].values())
+    assert report["z3_bmc"]["status"] == "clean"
+    assert report["mutants_total"] >= 15
+    assert report["mutants_killed"] == report["mutants_total"]
+    assert all("explorer" in checks for checks in report["mutants"].values())
+    assert all(
+        "z3" in checks for name, checks in report["mutants"].items() if name.startswith("spec_")
+    )
+    assert "retire check --profile quick: OK" in out
+
+
+def test_bad_usage_exits_2() -> None:
+    with pytest.raises(SystemExit) as err:
+        main(["check", "--profile", "enormous"])
+    assert err.value.code == 2

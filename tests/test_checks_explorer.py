@@ -1,0 +1,222 @@
+"""The explorer's own machinery: canonical forms, symmetry, incremental invariant checks,
+quiescence, vacuity, counterexamples written as pytest files."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+import retire_core as rc
+from retire_checks import mutants
+from retire_checks.abstraction import Universe, fast_canonical
+from retire_checks.environment import Budget, apply_move, env_moves
+from retire_checks.explorer import (
+    QUICK,
+    Config,
+    Profile,
+    Progress,
+    explore,
+    run_profile,
+)
+from retire_checks.lockstep import Lockstep, RefinementError
+from retire_checks.symmetry import Symmetry, check_encoder_covers_core
+from retire_core import reclaim
+from retire_spec.actions import ACTION_BY_NAME, ActionInstance
+from retire_spec.expr import Concrete
+from retire_spec.invariants import INVARIANTS
+from retire_spec.schema import COLUMNS, Bounds, Kind, SpecState, canonical
+
+WALK = Bounds(2, 3, 2, 3, 2, 3, ((1, 2), (1, 3), (4, 5)), (0, 1))
+A = ActionInstance
+
+
+def _walk_states(seeds: int = 60, steps: int = 50) -> list[Lockstep]:
+    out = []
+    uni = Universe.of(WALK)
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        ls = Lockstep(uni, ledger_size=rng.choice((1, 8)))
+        for _ in range(steps):
+            moves = env_moves(ls, Budget(faults=2, partial_writes=True))
+            if not moves:
+                break
+            apply_move(ls, rng.choice(moves))
+            out.append(ls)
+            snap = ls.snapshot()
+            ls = Lockstep(uni)
+            ls.restore(snap)
+    return out
+
+
+def test_fast_canonical_is_the_specs_canonical_form() -> None:
+    for ls in _walk_states():
+        assert fast_canonical(ls.spec, WALK) == canonical(ls.spec, WALK)
+
+
+def _arbitrary_state(rng: random.Random, b: Bounds) -> SpecState:
+    sizes = b.sizes()
+    cells: list[Any] = []
+    for col in COLUMNS:
+        n = sizes[col.sort]
+        if col.kind is Kind.BOOL:
+            cells.append(tuple(rng.random() < 0.5 for _ in range(n)))
+        elif col.kind is Kind.SCOPE:
+            cells.append(tuple(rng.randrange(b.scopes) for _ in range(n)))
+        elif col.kind is Kind.CTX:
+            cells.append(tuple(rng.choice(b.contexts) for _ in range(n)))
+        else:
+            cells.append(tuple(rng.randrange(-2, 4) for _ in range(n)))
+    return SpecState(tuple(cells))
+
+
+def test_canonical_form_never_hides_an_invariant_violation() -> None:
+    """Explorers deduplicate on the canonical form, so every invariant must have the same value
+    on a state and on its canonical form — for arbitrary states, not only reachable ones (a
+    mutant reaches states the real protocol does not)."""
+    rng = random.Random(7)
+    I = Concrete(WALK.sizes())
+    for _ in range(3000):
+        st = _arbitrary_state(rng, WALK)
+        canon = canonical(st, WALK)
+        for inv in INVARIANTS:
+            assert inv.holds(I, st) == inv.holds(I, canon), inv.name
+
+
+def test_incremental_invariant_checks_agree_with_full_evaluation() -> None:
+    """``check_state(parent=...)`` re-evaluates only invariants reading a changed column."""
+    rng = random.Random(3)
+    I = Concrete(WALK.sizes())
+    ls = Lockstep(Universe.of(WALK))
+    reads = ls._reads()
+    for _ in range(2000):
+        parent = _arbitrary_state(rng, WALK)
+        child = list(parent.cells)
+        for i in rng.sample(range(len(COLUMNS)), 2):
+            child[i] = _arbitrary_state(rng, WALK).cells[i]
+        st = SpecState(tuple(child))
+        changed = {i for i in range(len(COLUMNS)) if parent.cells[i] is not st.cells[i]}
+        for inv, r in zip(INVARIANTS, reads, strict=True):
+            if not r & changed:
+                assert inv.holds(I, st) == inv.holds(I, parent), inv.name
+
+
+def test_symmetric_states_share_a_fingerprint() -> None:
+    b = Bounds(2, 2, 1, 2, 1, 1, ((1,), (2,)), (0, 1))
+    uni = Universe.of(b)
+    sym = Symmetry(uni)
+
+    def fp(moves: list[ActionInstance]) -> int:
+        ls = Lockstep(uni)
+        for m in moves:
+            apply_move(ls, m)
+        return sym.fingerprint(ls.core, fast_canonical(ls.spec, b), ls.pending_reports, ls.faults)
+
+    # the same story told with the scopes (and their tenants) swapped ...
+    left = fp([A("open", (0, (1,), True)), A("launch", (0, 0, 0)), A("allocate", (0, 0, 0))])
+    right = fp([A("open", (1, (1,), True)), A("launch", (0, 1, 0)), A("allocate", (0, 0, 0))])
+    assert left == right
+    # ... with the participants swapped ...
+    two = [A("open", (0, (1,), True)), A("open", (1, (2,), True))]
+    a = fp([*two, A("launch", (0, 0, 0)), A("launch", (1, 1, 0)), A("receipt", (0,))])
+    c = fp([*two, A("launch", (0, 1, 0)), A("launch", (1, 0, 0)), A("receipt", (1,))])
+    assert a == c
+    # ... but not a different story
+    assert left != fp([A("open", (0, (2,), True)), A("launch", (0, 0, 0))])
+    assert left != fp(
+        [A("open", (0, (1,), True)), A("launch", (0, 0, 0)), A("allocate", (1, 0, 0))]
+    )
+
+
+def test_symmetry_reduces_without_losing_violations() -> None:
+    config = attrs.evolve(mutants.CONFIGS["tenants"])
+    plain = explore(attrs.evolve(config, symmetry=False))
+    reduced = explore(config)
+    assert plain.violation is None and reduced.violation is None
+    assert reduced.states < plain.states
+    mutant = mutants.MUTANTS["cross_tenant_write"]
+    with mutant.active():
+        a = explore(attrs.evolve(config, symmetry=False)).violation
+        b = explore(config).violation
+    assert a is not None and b is not None and len(a.moves) == len(b.moves)
+
+
+def test_the_encoder_knows_every_core_field() -> None:
+    check_encoder_covers_core()
+
+
+def _leaky_reclaim(txn: Any, scope: str) -> None:
+    """Releases references but never frees a page (and the spec below agrees)."""
+    before = dict(txn.pages)
+    reclaim._orig(txn, scope)  # type: ignore[attr-defined]
+    for p, page in before.items():
+        if p not in txn.pages:
+            txn.pages[p] = attrs.evolve(page, held=False)
+    txn.commands[:] = [c for c in txn.commands if not isinstance(c, rc.Free)]
+    txn.transitions[:] = [t for t in txn.transitions if t.action != "free"]
+
+
+def test_quiescence_catches_a_leak_that_refinement_cannot() -> None:
+    """A core that never frees, checked against a spec that never frees either: refinement and
+    every invariant hold, only the quiescence check (no leak once revisions stop) fails."""
+    no_free = dict(ACTION_BY_NAME)
+    no_free["free"] = attrs.evolve(no_free["free"], guard=lambda I, st, p: I.lit(False))
+    reclaim._orig = reclaim.reclaim  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reclaim, "reclaim", _leaky_reclaim)
+        result = explore(mutants.CONFIGS["chain"], actions=no_free)
+    cex = result.violation
+    assert cex is not None and cex.quiescence and "no_leak" in cex.violated
+
+
+def test_a_profile_that_misses_a_probe_is_vacuous() -> None:
+    config = Config("no-faults", Bounds(1, 1, 0, 1, 1, 1, ((1,),), (0,)), Budget(faults=0))
+    profile = Profile("tiny", (config,), ("transition:open", "release:digest_mismatch"))
+    result = run_profile(profile, progress=False)
+    assert result.violation is None and result.exhaustive
+    assert result.missing_probes == ("release:digest_mismatch",)
+    assert not result.ok
+    assert "NEVER HIT" in result.summary()
+
+
+def test_counterexample_is_numbered_and_written_as_a_replayable_pytest_case(
+    tmp_path: Path,
+) -> None:
+    mutant = mutants.MUTANTS["closed_on_partial_receipts"]
+    with mutant.active():
+        cex = explore(mutants.CONFIGS["chain"]).violation
+        assert cex is not None
+        steps = cex.steps()
+    assert steps.splitlines()[0].startswith("  1. ")
+    assert "=>" in steps.splitlines()[-1]
+    for name, expect_failure in ((mutant.name, True), (None, False)):
+        path = tmp_path / f"test_cex_{name}.py"
+        path.write_text(cex.to_pytest(name), encoding="utf-8")
+        namespace: dict[str, Any] = {}
+        exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+        test = namespace["test_counterexample_replays_cleanly"]
+        ctx = pytest.raises(RefinementError) if expect_failure else contextlib.nullcontext()
+        with ctx:
+            test()
+
+
+def test_progress_line_is_plain_text() -> None:
+    import io
+
+    stream = io.StringIO()
+    bar = Progress("x", stream)
+    bar.period = 0.0
+    bar.update(10, 20, 3, 4)
+    assert "10 states" in stream.getvalue() and "\r" not in stream.getvalue()
+
+
+def test_quick_profile_configs_are_small_and_distinct() -> None:
+    names = [c.name for c in QUICK.configs]
+    assert len(set(names)) == len(names)
+    for a, b in itertools.combinations(QUICK.configs, 2):
+        assert a.bounds != b.bounds or a.budget != b.budget

@@ -1,0 +1,206 @@
+"""Trace validation: logs recorded from the real core are accepted, tampered ones rejected at
+the first offending line, and ``retire validate-trace`` reports it with documented exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+import retire_core as rc
+from retire_checks.abstraction import Universe
+from retire_checks.cli import main
+from retire_checks.environment import Budget, apply_move, env_moves
+from retire_checks.lockstep import Lockstep
+from retire_checks.scenario import BOUNDS as SCENARIO_BOUNDS
+from retire_checks.scenario import SCRIPT
+from retire_checks.trace_validation import TraceError, validate_lines
+from retire_spec.schema import Bounds
+
+WALK = Bounds(
+    scopes=2,
+    parts=3,
+    frames=2,
+    pages=3,
+    positions=2,
+    max_epoch=3,
+    contexts=((1, 2), (1, 3), (4, 5)),
+    fingerprints=(0, 1),
+)
+
+
+def _logging_lockstep(bounds: Bounds, ledger: int = 1024) -> tuple[Lockstep, io.StringIO]:
+    """A lock-step harness whose core steps go through ``retire_core.Retire`` with a structlog
+    JSON renderer: the log is exactly what an embedding engine would record."""
+    buf = io.StringIO()
+    log = structlog.wrap_logger(
+        structlog.WriteLogger(buf), processors=[structlog.processors.JSONRenderer()]
+    )
+    retire = rc.Retire(logger=log, ledger_size=ledger)
+
+    def step(state: rc.CoreState, event: Any) -> rc.Step:
+        retire.restore(state)
+        commands = retire.handle(event)
+        return rc.Step(retire.state, tuple(commands), retire.last_transitions)
+
+    ls = Lockstep(Universe.of(bounds), step_fn=step, ledger_size=ledger)
+    return ls, buf
+
+
+def random_trace(seed: int, steps: int = 80) -> list[str]:
+    rng = random.Random(seed)
+    ls, buf = _logging_lockstep(WALK, ledger=rng.choice((1, 4)))
+    budget = Budget(faults=2, partial_writes=True)
+    for _ in range(steps):
+        moves = env_moves(ls, budget)
+        if not moves:
+            break
+        apply_move(ls, rng.choice(moves))
+    return buf.getvalue().splitlines()
+
+
+def scenario_trace() -> list[str]:
+    """The scripted revision chain: certified handoff, adoption, a digest fault, chain collapse."""
+    ls, buf = _logging_lockstep(SCENARIO_BOUNDS)
+    for _, move in SCRIPT:
+        apply_move(ls, move)
+    return buf.getvalue().splitlines()
+
+
+def _records(lines: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in lines]
+
+
+def _renumber(lines: list[str]) -> list[str]:
+    out = []
+    for n, line in enumerate(lines, 1):
+        d = json.loads(line)
+        d["seq"] = n
+        out.append(json.dumps(d))
+    return out
+
+
+def test_random_core_runs_are_behaviours_of_the_spec() -> None:
+    transitions = emits = 0
+    for seed in range(60):
+        report = validate_lines(random_trace(seed))
+        transitions += report.transitions
+        emits += report.hidden["emit"]
+    assert transitions > 2000
+    assert emits > 20  # the validator had to place frame emits the log never shows
+
+
+def test_scenario_trace_with_adoption_and_fault_is_valid() -> None:
+    lines = scenario_trace()
+    kinds = {d["transition"] for d in _records(lines)}
+    assert {"certify", "adopt", "release", "drop", "publish", "fence_write"} <= kinds
+    report = validate_lines(lines)
+    assert report.transitions == len(lines)
+    assert report.hidden["corrupt"] >= 1  # the digest mismatch is explained by a corruption
+
+
+def test_frame_published_after_its_version_retired_is_rejected_at_that_line() -> None:
+    checked = 0
+    for seed in range(80):
+        lines = random_trace(seed)
+        recs = _records(lines)
+        late = [
+            i
+            for i, d in enumerate(recs)
+            if d["transition"] == "drop" and d.get("reason", "").startswith("retired")
+        ]
+        if not late:
+            continue
+        i = late[0]
+        forged = dict(recs[i], transition="publish", stage="publish")
+        forged.pop("reason")
+        tampered = [*lines[:i], json.dumps(forged), *lines[i + 1 :]]
+        with pytest.raises(TraceError) as err:
+            validate_lines(tampered)
+        assert err.value.line == i + 1
+        assert "only the current version may publish" in err.value.message
+        checked += 1
+    assert checked >= 10
+
+
+def test_adoption_before_the_writer_closed_is_rejected() -> None:
+    lines = scenario_trace()
+    recs = _records(lines)
+    adopt = next(i for i, d in enumerate(recs) if d["transition"] == "adopt")
+    page = recs[adopt]["page"]
+    certify = max(
+        i for i in range(adopt) if recs[i]["transition"] == "certify" and recs[i]["page"] == page
+    )
+    close = max(
+        i
+        for i in range(certify)
+        if recs[i]["transition"] == "close_writer" and recs[i]["page"] == page
+    )
+    # The writer now closes only after the adoption: ALIGN certified an open-writer page.
+    moved = [*lines[:close], *lines[close + 1 : adopt + 1], lines[close], *lines[adopt + 1 :]]
+    with pytest.raises(TraceError) as err:
+        validate_lines(_renumber(moved))
+    assert close < err.value.line <= adopt  # the first line that relied on the closed writer
+    assert "writer is still open" in err.value.message
+
+
+def test_injected_adoption_of_an_open_writer_page_is_rejected_at_that_line() -> None:
+    lines = scenario_trace()
+    recs = _records(lines)
+    alloc = next(i for i, d in enumerate(recs) if d["transition"] == "allocate")
+    forged = {
+        "seq": 0,
+        "trigger": "AdoptionReport",
+        "transition": "adopt",
+        "stage": "resume",
+        "scope": recs[alloc]["scope"],
+        "version": recs[alloc]["version"],
+        "page": recs[alloc]["page"],
+        "position": recs[alloc]["position"],
+        "event": "retire.transition",
+    }
+    tampered = _renumber([*lines[: alloc + 1], json.dumps(forged), *lines[alloc + 1 :]])
+    with pytest.raises(TraceError) as err:
+        validate_lines(tampered)
+    assert err.value.line == alloc + 2
+    assert "writer is still open" in err.value.message
+
+
+def test_missing_lines_unknown_ids_and_garbage_are_rejected() -> None:
+    lines = scenario_trace()
+    with pytest.raises(TraceError, match="seq jumps"):
+        validate_lines([*lines[:5], *lines[6:]])
+    with pytest.raises(TraceError, match="never opened"):
+        validate_lines(_renumber(lines[2:]))
+    with pytest.raises(TraceError) as err:
+        validate_lines([lines[0], "{not json", *lines[1:]])
+    assert err.value.line == 2
+    forged = dict(_records(lines)[1], version=7)  # s1 opens at version 0, not 7
+    with pytest.raises(TraceError, match="logged version 7"):
+        validate_lines([lines[0], json.dumps(forged), *lines[2:]])
+
+
+def test_validate_trace_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(scenario_trace()) + "\n", encoding="utf-8")
+    assert main(["validate-trace", str(good)]) == 0
+    assert "valid" in capsys.readouterr().out
+
+    recs = _records(scenario_trace())
+    i = next(
+        n
+        for n, d in enumerate(recs)
+        if d["transition"] == "drop" and d.get("reason", "").startswith("retired")
+    )
+    recs[i]["transition"] = "publish"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(d) + "\n" for d in recs), encoding="utf-8")
+    assert main(["validate-trace", str(bad)]) == 1
+    assert capsys.readouterr().out.startswith(f"{bad}:{i + 1}: ")
+
+    assert main(["validate-trace", str(tmp_path / "missing.jsonl")]) == 2
