@@ -189,9 +189,12 @@ def on_participant_started(txn: Txn, ev: ParticipantStarted) -> None:
         raise IllegalTransitionError(
             rec.state.value, "ParticipantStarted", "a paused scope launches nothing new"
         )
+    # Classify before registering: the new participant itself must not make its version look
+    # like one that is still draining.
+    late = None if rec.has_authority(ev.version) else classify_late(txn, ev.scope, ev.version)
     _set_participant(txn, ev.scope, ev.participant, ParticipantRecord(ev.version))
     txn.record("launch", Stage.RUN, ev.scope, ev.version, participant=ev.participant)
-    if not rec.has_authority(ev.version):
+    if late is not None:
         # A launch that raced a revision or a cancel: it starts fenced.
         txn.emit(Fence(ev.scope, ev.version, (ev.participant,)))
         txn.record(
@@ -199,7 +202,7 @@ def on_participant_started(txn: Txn, ev: ParticipantStarted) -> None:
             Stage.FENCE,
             ev.scope,
             ev.version,
-            reason=classify_late(txn, ev.scope, ev.version),
+            reason=late,
             participants=(ev.participant,),
         )
 

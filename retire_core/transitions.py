@@ -30,7 +30,7 @@ class Stage(enum.Enum):
     CONTROL = "control"
 
 
-STUTTERS = frozenset({"fence", "late_report", "late_receipt_ignored"})
+STUTTERS = frozenset({"fence", "late_report"})
 
 
 @attrs.frozen(slots=True)
