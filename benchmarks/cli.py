@@ -1,0 +1,214 @@
+"""``retire demo`` and ``retire replay`` (registered in the ``retire`` console script).
+
+``retire replay [TRACE] [--system native|retire|both] [--json PATH]`` replays a trace (default: the
+shipped ``benchmarks/data/default_trace.jsonl``) against the chosen systems and prints the
+side-by-side table. ``native`` runs both native baselines (abort+resubmit and stop-reading);
+``both`` adds Retire. ``retire demo`` is the main job: it builds the tiny default model if absent,
+replays the built-in trace both ways with progress bars, runs the handoff grid and the overhead
+measurements, prints the table and writes the JSON and the plots (``--out``, default
+``./retire-demo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from retire_bench.systems import prepare_env
+from retire_checks.cli import command
+
+
+def _bar_factory(enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:  # pragma: no cover - tqdm comes with vLLM
+        return None
+
+    class Bar:
+        def __init__(self, label: str) -> None:
+            self._bar = tqdm(
+                total=100,
+                desc=f"{label:<28}",
+                bar_format="{desc} {bar} {percentage:3.0f}% {postfix}",
+                file=sys.stderr,
+                leave=True,
+            )
+            self._last = 0
+
+        def update(self, elapsed: float, duration: float) -> None:
+            pct = 100 if duration <= 0 else min(100, int(100 * elapsed / duration))
+            if pct != self._last:
+                self._bar.update(pct - self._last)
+                self._last = pct
+                self._bar.set_postfix_str(f"t={elapsed:5.1f}s")
+
+        def close(self) -> None:
+            if self._last < 100:
+                self._bar.update(100 - self._last)
+            self._bar.close()
+
+    return Bar
+
+
+def _configure_replay(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", nargs="?", default=None, help="trace file (default: the shipped one)")
+    p.add_argument("--system", choices=("native", "retire", "both"), default="both")
+    p.add_argument("--json", type=Path, default=None, help="write the results JSON here")
+    _common(p)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reps", type=int, default=2, help="interleaved repetitions per system")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace times by this")
+    p.add_argument(
+        "--consumer-delay-ms",
+        type=float,
+        default=200.0,
+        help="the slow consumer stays busy this long after each read",
+    )
+    p.add_argument("--cleanup-limit-s", type=float, default=None)
+    p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in 32-token blocks")
+    p.add_argument("--model", default=None, help="model directory (default: tiny default model)")
+    p.add_argument("--plots", type=Path, default=None, help="write plots into this directory")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from retire_bench.replay import ReplayConfig
+
+    overrides: dict[str, Any] = {}
+    if args.num_blocks is not None:
+        overrides["num_blocks"] = args.num_blocks
+    return ReplayConfig(
+        time_scale=args.time_scale,
+        consumer_delay_s=args.consumer_delay_ms / 1000.0,
+        cleanup_limit_s=args.cleanup_limit_s,
+        reps=args.reps,
+        engine_overrides=overrides,
+        model_path=args.model,
+    )
+
+
+def _systems(choice: str) -> list[str]:
+    from retire_bench.systems import NATIVE_SYSTEMS, SYSTEMS
+
+    return (
+        list(NATIVE_SYSTEMS)
+        if choice == "native"
+        else (["retire"] if choice == "retire" else list(SYSTEMS))
+    )
+
+
+@command("replay", "replay a revision trace against native vLLM and Retire", _configure_replay)
+def _replay(args: argparse.Namespace) -> int:
+    prepare_env()
+    from retire_bench import replay as R
+    from retire_bench.systems import FacadeMissing
+
+    trace, path = R.load(args.trace)
+    try:
+        doc, results = R.replay(
+            trace,
+            _systems(args.system),
+            _config(args),
+            trace_path=path,
+            progress_factory=_bar_factory(not args.no_progress),
+        )
+    except FacadeMissing as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(R.table(doc))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        print(f"results: {args.json}")
+    if args.plots is not None:
+        from retire_bench import plots
+
+        for p in plots.replay_plots(results, args.plots):
+            print(f"plot: {p}")
+    return 0 if doc["checker_admitted"] else 1
+
+
+def _configure_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("retire-demo"), help="output directory")
+    p.add_argument("--skip-handoff", action="store_true", help="skip the handoff grid")
+    p.add_argument("--native-only", action="store_true", help="run only the native baselines")
+    _common(p)
+
+
+@command(
+    "demo", "the main job: build the model, replay both ways, print the table", _configure_demo
+)
+def _demo(args: argparse.Namespace) -> int:
+    prepare_env()
+    t0 = time.perf_counter()
+    from retire_bench import replay as R
+    from retire_bench.systems import facade_available
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    print("[1/5] tiny default model", file=sys.stderr)
+    if args.model is None:
+        from retire_vllm.default_model import ensure_default_model
+
+        args.model = str(ensure_default_model())
+    print(f"      {args.model}", file=sys.stderr)
+    systems = _systems("native" if args.native_only else "both")
+    if "retire" in systems and not facade_available():
+        print(
+            "      retire_vllm.facade is not installed yet: running the native baselines only",
+            file=sys.stderr,
+        )
+        systems = _systems("native")
+    print("[2/5] replaying the built-in trace (interleaved runs)", file=sys.stderr)
+    trace, path = R.load(None)
+    doc, results = R.replay(
+        trace,
+        systems,
+        _config(args),
+        trace_path=path,
+        progress_factory=_bar_factory(not args.no_progress),
+    )
+    print("[3/5] retire_core overhead", file=sys.stderr)
+    from retire_bench import overhead
+
+    doc["overhead"] = overhead.summary(doc, quick=True)
+    handoff_doc = None
+    if not args.skip_handoff:
+        print("[4/5] handoff under cache pressure", file=sys.stderr)
+        from retire_bench import handoff
+
+        hsys = [s for s in ("native", "retire") if s in systems]
+        handoff_doc = handoff.run_grid(
+            handoff.demo_grid(), hsys, model_path=args.model, progress=not args.no_progress
+        )
+        (out / "handoff.json").write_text(json.dumps(handoff_doc, indent=2) + "\n")
+        doc["handoff"] = handoff.summary(handoff_doc)
+    print("[5/5] plots and JSON", file=sys.stderr)
+    from retire_bench import plots
+
+    written = plots.replay_plots(results, out)
+    if handoff_doc is not None:
+        written.append(plots.handoff_plot(handoff_doc, out / "handoff_grid.png"))
+    doc["demo_wall_s"] = time.perf_counter() - t0
+    (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    print()
+    print(R.table(doc))
+    if handoff_doc is not None:
+        print()
+        print(handoff.table(handoff_doc))
+    print()
+    print(overhead.table(doc["overhead"]))
+    print()
+    print(f"results: {out / 'results.json'}")
+    for p in written:
+        print(f"plot: {p}")
+    print(f"demo wall time: {doc['demo_wall_s']:.0f} s")
+    return 0 if doc["checker_admitted"] else 1

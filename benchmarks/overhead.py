@@ -1,0 +1,196 @@
+"""Overhead of Retire: per-event cost of ``retire_core`` and its share of engine step time.
+
+:func:`core_throughput` drives a real ``retire_core.Retire`` the way an engine does -- no vLLM --
+through full version lifecycles: submit, launch, allocate / write / close every block of the
+context, token and commit frames, then revisions that share a prefix with the predecessor, the
+fence receipts, the byte check of the certificate, adoption and reclamation -- answering every
+command the core returns. It reports events per second and microseconds per event for a small
+state (the replay's 3 scopes) and a larger one. The share of engine step time comes from the
+replay itself (``retire_core_share_of_step`` in the replay JSON: time inside ``Retire.handle``
+during ``step()`` over total ``step()`` time; the facade's own glue is not counted there).
+``python -m retire_bench.overhead`` prints the table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from retire_bench.systems import quiet_logger
+
+TARGET_SHARE: Final[float] = 0.01
+
+
+def _drive(scopes: int, blocks: int, tokens: int, revisions: int, keep: int) -> tuple[int, float]:
+    """Run the lifecycles; return (events handled, seconds inside ``handle``)."""
+    from retire_core import (
+        Admit,
+        AdoptionReport,
+        Fence,
+        FrameArrived,
+        FrameKind,
+        PageAllocated,
+        PageDigest,
+        ParticipantStarted,
+        PinCertified,
+        Receipt,
+        Retire,
+        Submit,
+        Supersede,
+        WriteAttempted,
+        WriterClosed,
+    )
+
+    core = Retire(logger=quiet_logger())
+    clock = time.perf_counter
+    pages = itertools.count(1)
+    frames = itertools.count()
+    digests: dict[int, str] = {}
+    events = 0
+    spent = 0.0
+    pending: list[Any] = []
+
+    def handle(ev: Any) -> list[Any]:
+        nonlocal events, spent
+        t0 = clock()
+        out = core.handle(ev)
+        spent += clock() - t0
+        events += 1
+        return out
+
+    def context(scope: str, version: int) -> tuple[str, ...]:
+        return tuple(
+            f"{scope}/0/{i}" if i < keep else f"{scope}/{version}/{i}" for i in range(blocks)
+        )
+
+    def run_version(scope: str, version: int, adopted: int) -> None:
+        q = f"{scope}-{version}"
+        pending.extend(handle(ParticipantStarted(scope, version, q)))
+        for pos in range(adopted, blocks):
+            page = next(pages)
+            handle(PageAllocated(scope, version, q, page, pos))
+            handle(WriteAttempted(scope, version, q, page, True))
+            digests[page] = f"d{page}"
+            handle(WriterClosed(page, digests[page]))
+        for _ in range(tokens):
+            handle(FrameArrived(scope, version, next(frames), FrameKind.COMMIT))
+            handle(FrameArrived(scope, version, next(frames), FrameKind.TOKEN))
+
+    def answer(commands: list[Any]) -> None:
+        queue = list(commands)
+        while queue:
+            c = queue.pop(0)
+            if isinstance(c, Fence):
+                for q in c.participants:
+                    queue.extend(handle(Receipt(c.scope, c.version, q)))
+            elif isinstance(c, PinCertified):
+                cert = c.certificate
+                report = AdoptionReport(
+                    cert.scope,
+                    cert.version,
+                    tuple(PageDigest(p, digests[p]) for p in cert.pages),
+                )
+                queue.extend(handle(report))
+            elif isinstance(c, Admit):
+                run_version(c.scope, c.version, c.adopted_blocks)
+
+    names = [f"s{i}" for i in range(scopes)]
+    for s in names:
+        handle(Submit(s, "tenant", "fp", context(s, 0)))
+        run_version(s, 0, 0)
+    for r in range(1, revisions + 1):
+        for s in names:
+            answer(handle(Supersede(s, context(s, r))))
+    return events, spent
+
+
+def core_throughput(quick: bool = False) -> list[dict[str, Any]]:
+    configs = [
+        {"scopes": 3, "blocks": 16, "tokens": 64, "revisions": 8, "keep": 8},
+        {"scopes": 16, "blocks": 64, "tokens": 64, "revisions": 4, "keep": 32},
+    ]
+    if quick:
+        configs = [configs[0], {**configs[1], "revisions": 2}]
+    out = []
+    for cfg in configs:
+        events, spent = _drive(**cfg)
+        out.append(
+            {
+                **cfg,
+                "events": events,
+                "seconds": spent,
+                "events_per_s": events / spent if spent else None,
+                "us_per_event": spent / events * 1e6 if events else None,
+            }
+        )
+    return out
+
+
+def summary(replay_doc: dict[str, Any] | None = None, *, quick: bool = False) -> dict[str, Any]:
+    doc: dict[str, Any] = {"core": core_throughput(quick), "target_share_of_step": TARGET_SHARE}
+    retire = (replay_doc or {}).get("retire")
+    if retire:
+        share = retire.get("retire_core_share_of_step")
+        doc["retire_share_of_step"] = share
+        doc["retire_share_of_run"] = retire.get("retire_core_share_of_run")
+        doc["retire_core_us_per_step"] = retire.get("retire_core_us_per_step")
+        doc["integration_share_of_step"] = retire.get("integration_share_of_step")
+        doc["integration_us_per_step"] = retire.get("integration_us_per_step")
+        doc["step_ms_median"] = retire.get("step_ms_median")
+        doc["retire_core_events"] = retire.get("retire_core_events")
+        doc["retire_core_s"] = retire.get("retire_core_s")
+        doc["meets_target"] = None if share is None else share < TARGET_SHARE
+    else:
+        doc["retire_share_of_step"] = None
+        doc["meets_target"] = None
+    return doc
+
+
+def table(doc: dict[str, Any]) -> str:
+    lines = ["retire_core overhead (no vLLM): events/s and us/event"]
+    for c in doc["core"]:
+        lines.append(
+            f"  {c['scopes']:>2} scopes x {c['blocks']:>2} blocks, "
+            f"{c['revisions']} revisions each: {c['events']:>6} events, "
+            f"{c['events_per_s']:,.0f} events/s, "
+            f"{c['us_per_event']:.1f} us/event"
+        )
+    share = doc.get("retire_share_of_step")
+    if share is None:
+        lines.append("  share of engine step time in retire_core: - (no Retire run)")
+    else:
+        verdict = "met" if doc["meets_target"] else "MISSED"
+        lines.append(
+            f"  share of engine step time in retire_core during the replay: {share:.3%} "
+            f"(target < {doc['target_share_of_step']:.0%}: {verdict}); "
+            f"{doc['retire_core_us_per_step']:.0f} us per step"
+        )
+        if doc.get("integration_share_of_step") is not None:
+            lines.append(
+                "  all of the integration's work during steps (facade glue + core): "
+                f"{doc['integration_share_of_step']:.1%} of step time, "
+                f"{doc['integration_us_per_step']:.0f} us per step "
+                f"(median step {doc['step_ms_median']:.1f} ms)"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m retire_bench.overhead", description=__doc__)
+    ap.add_argument("--replay-json", default=None, help="results JSON of a replay with Retire")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = ap.parse_args(argv)
+    replay_doc = json.loads(Path(args.replay_json).read_text()) if args.replay_json else None
+    doc = summary(replay_doc)
+    print(json.dumps(doc, indent=2) if args.json else table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The systems a replay compares, built from one engine configuration.
+
+``native`` (abort and resubmit) and ``native_stop_reading`` come from :mod:`retire_bench.native`;
+``retire`` is ``retire_vllm.facade.RetireEngine`` (imported lazily: it is optional for the native
+arms). Every system is constructed the same way -- model path, the harness's clock, and the same
+``engine_overrides`` handed to ``retire_vllm.engine_config.build_engine`` -- so both arms run the
+same model on the same engine settings.
+
+Also here: :func:`quiet_logger` (the core's structured log, filtered at WARNING, so a replay does
+not print one line per transition) and :class:`CoreTimer`, which wraps the facade's
+``retire_core.Retire.handle`` on the instance to measure the time spent inside the core.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+SYSTEMS: Final[tuple[str, ...]] = ("native", "native_stop_reading", "retire")
+NATIVE_SYSTEMS: Final[tuple[str, ...]] = ("native", "native_stop_reading")
+LABELS: Final[dict[str, str]] = {
+    "native": "native abort+resubmit",
+    "native_stop_reading": "native stop-reading",
+    "retire": "Retire",
+}
+
+
+_ENV: Final[dict[str, str]] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine core, stepped by the harness
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_LOGGING_LEVEL": "ERROR",  # keep vLLM's start-up chatter off the results table
+    # One unbound OpenMP thread per engine. As fast as vLLM's default (one thread bound to each
+    # core) for the tiny model on an idle machine, and it does not fall off a cliff when another
+    # process's bound OpenMP threads compete for the same two cores: measured 2.7-4.7 ms per
+    # step instead of 12-108 ms with a second vLLM process running (docs/results.md). Same
+    # setting for every arm; set the variables yourself to override.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def prepare_env() -> None:
+    """Environment for the benchmark commands (existing values win); call before vLLM loads."""
+    import os
+    import warnings
+
+    for key, value in _ENV.items():
+        os.environ.setdefault(key, value)
+    warnings.filterwarnings("ignore")
+    for name in ("vllm", "torch", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+class FacadeMissing(RuntimeError):
+    """``retire_vllm.facade`` is not importable yet."""
+
+
+def quiet_logger() -> Any:
+    import structlog
+
+    return structlog.wrap_logger(
+        structlog.PrintLogger(),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+
+
+def facade_available() -> bool:
+    try:
+        import retire_vllm.facade  # noqa: F401
+    except ModuleNotFoundError as err:
+        if err.name and err.name.startswith("retire_vllm.facade"):
+            return False
+        raise
+    return True
+
+
+def make_system(
+    name: str,
+    model_path: str | None,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    engine_overrides: dict[str, Any] | None = None,
+) -> Any:
+    overrides = dict(engine_overrides or {})
+    if name == "native":
+        from retire_bench.native import NativeAbortResubmit
+
+        return NativeAbortResubmit(model_path, clock=clock, **overrides)
+    if name == "native_stop_reading":
+        from retire_bench.native import NativeStopReading
+
+        return NativeStopReading(model_path, clock=clock, **overrides)
+    if name == "retire":
+        if not facade_available():
+            raise FacadeMissing(
+                "retire_vllm.facade.RetireEngine is not available yet; run --system native"
+            )
+        from retire_vllm.facade import RetireEngine
+
+        return RetireEngine(model_path, clock=clock, logger=quiet_logger(), **overrides)
+    raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+
+
+class CoreTimer:
+    """Where a system's step time goes, measured by wrapping methods on the instances.
+
+    * ``Retire.handle`` of a system with a ``.retire`` (the facade): every core event, and the
+      part of it spent inside the harness's ``step()`` call (``in_step_s``);
+    * ``LLMEngine.step`` of ``system.engine``: the engine's own step (``engine_s``);
+    * the facade's scheduler hooks (``withheld``, ``after_schedule``, ``before_commit``), which
+      run *inside* ``LLMEngine.step`` (``hooks_s``).
+
+    So the integration's work during a step is ``step - engine + hooks`` (core included).
+    """
+
+    HOOKS = ("withheld", "after_schedule", "before_commit")
+
+    def __init__(self, system: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.total_s = 0.0
+        self.events = 0
+        self.in_step_s = 0.0
+        self.engine_s = 0.0
+        self.hooks_s = 0.0
+        self._in_step = False
+        self._clock = clock
+        core: Any = getattr(system, "retire", None)
+        self.active = core is not None and hasattr(core, "handle")
+        if self.active:
+            original = core.handle
+
+            def handle(event: Any) -> Any:
+                t0 = clock()
+                try:
+                    return original(event)
+                finally:
+                    dt = clock() - t0
+                    self.total_s += dt
+                    self.events += 1
+                    if self._in_step:
+                        self.in_step_s += dt
+
+            core.handle = handle  # instance attribute: the facade's calls go through it
+        engine: Any = getattr(system, "engine", None)
+        if engine is not None:
+            engine.step = self._timed(engine.step, "engine_s")
+        if getattr(getattr(system, "scheduler", None), "retire_hooks", None) is system:
+            for name in self.HOOKS:
+                if hasattr(system, name):
+                    setattr(system, name, self._timed(getattr(system, name), "hooks_s"))
+
+    def _timed(self, fn: Callable[..., Any], field: str) -> Callable[..., Any]:
+        clock = self._clock
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                setattr(self, field, getattr(self, field) + clock() - t0)
+
+        return timed
+
+    def stepping(self, flag: bool) -> None:
+        self._in_step = flag

@@ -1,0 +1,205 @@
+"""Replay metrics on synthetic records (no vLLM): what counts as obsolete, live, advanced."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retire_bench import metrics as M
+from retire_bench.reference import Admission, admit
+from retire_bench.replay import SYSTEM_KEYS, TOP_KEYS, ReplayConfig, RunResult, results_json, table
+from retire_bench.traces import DEFAULT_TRACE_PATH, load_trace
+from retire_vllm.api import Delivery
+
+
+def d(scope: str, version: int, n: int, finished: bool = False, first: int = 1) -> Delivery:
+    return Delivery(scope, version, tuple(range(first, first + n)), finished, 0.0)
+
+
+def run(reads: list[tuple[Delivery, float]], end: float = 10.0) -> M.RunRecord:
+    """Scope a: v0 from 0 to 2 (closed 2.5), v1 final from 2; scope b: v0 final, never revised."""
+    versions = (
+        M.VersionSpan("a", 0, 0.0, retired_at=2.0, closed_at=2.5),
+        M.VersionSpan("a", 1, 2.0, final=True),
+        M.VersionSpan("b", 0, 0.0, final=True),
+    )
+    return M.RunRecord(
+        "x", 0.0, end, tuple(M.Read(dv, at) for dv, at in reads), versions, cleanup_limit_s=5.0
+    )
+
+
+CLEAN = [
+    (d("a", 0, 3), 1.0),
+    (d("a", 1, 4, first=10), 2.4),
+    (d("a", 1, 2, True, first=14), 3.0),
+    (d("b", 0, 5, True), 1.5),
+]
+
+
+def test_clean_run_counts_nothing_obsolete() -> None:
+    m = M.compute(run(CLEAN))
+    assert m["obsolete_tokens"] == 0
+    assert m["current_tokens"] == 14
+    assert m["final_versions_advanced"] == m["final_versions_total"] == 2
+    assert m["final_versions_completed"] == 2
+    assert m["ttft_final_ms_median"] == pytest.approx((400.0 + 1500.0) / 2)
+    # the window ends at the last final's finishing read (3.0 s)
+    assert m["goodput_tok_s"] == pytest.approx(14 / 3.0)
+    assert m["cleanup_ms_median"] == pytest.approx(500.0)
+    assert M.retire_target_misses(m) == []
+
+
+def test_stale_delivery_is_counted_and_fails_the_retire_targets() -> None:
+    # the predecessor's merged frame reaches the consumer 0.1 s after the revision
+    m = M.compute(run([*CLEAN, (d("a", 0, 7, True, first=4), 2.1)]))
+    assert m["obsolete_tokens"] == 7 and m["obsolete_frames"] == 1
+    assert m["current_tokens"] == 14  # an obsolete read is never goodput
+    misses = M.retire_target_misses(m)
+    assert misses and "obsolete" in misses[0]
+
+
+def test_delivery_at_the_revision_instant_is_obsolete() -> None:
+    m = M.compute(run([*CLEAN, (d("a", 0, 1, first=4), 2.0)]))
+    assert m["obsolete_tokens"] == 1
+
+
+def test_read_of_unknown_version_is_invalid() -> None:
+    rec = run([*CLEAN, (d("a", 5, 2), 4.0), (d("b", 0, 1), -1.0)])
+    m = M.compute(rec)
+    assert m["invalid_reads"] == 2
+    assert M.retire_target_misses(m)
+    assert any("unknown" in p for p in M.output_problems(rec, {}))
+
+
+def test_final_without_current_tokens_is_not_advanced() -> None:
+    reads = [(d("a", 0, 3), 1.0), (d("b", 0, 5, True), 1.5), (d("a", 1, 0), 2.5)]
+    m = M.compute(run(reads))
+    assert m["final_versions_advanced"] == 1
+    assert m["goodput_window_s"] == 10.0  # a final never finished: the window is the whole run
+    assert M.retire_target_misses(m)
+
+
+def test_live_obsolete_series_and_cleanup_with_unclosed_version() -> None:
+    versions = (
+        M.VersionSpan("a", 0, 0.0, retired_at=1.0, closed_at=3.0),
+        M.VersionSpan("a", 1, 1.0, retired_at=2.0, closed_at=2.0),  # closed at once: never live
+        M.VersionSpan("a", 2, 2.0, retired_at=4.0),  # never closed
+        M.VersionSpan("a", 3, 4.0, final=True),
+        M.VersionSpan("b", 0, 0.0, retired_at=1.5, closed_at=5.0),
+        M.VersionSpan("b", 1, 1.5, final=True),
+    )
+    rec = M.RunRecord("x", 0.0, 10.0, (), versions, cleanup_limit_s=3.0)
+    series = M.live_obsolete_series(rec)
+    assert series[0] == (0.0, 0)
+    assert max(c for _, c in series) == 2
+    m = M.compute(rec)
+    assert m["peak_live_obsolete"] == 2
+    # live: a0 1-3, b0 1.5-5, a2 4-10 -> 2 + 3.5 + 6 = 11.5 execution-seconds over 10 s
+    assert m["mean_live_obsolete"] == pytest.approx(1.15)
+    lat, unclosed = M.cleanup_latencies(rec)
+    assert unclosed == 1 and m["cleanup_unclosed"] == 1
+    assert sorted(lat) == pytest.approx([0.0, 2.0, 3.0, 3.5])  # unclosed: capped at the limit
+
+
+def test_output_check_against_reference() -> None:
+    rec = run(CLEAN)
+    ref = {("a", 0): (1, 2, 3, 4), ("a", 1): tuple(range(10, 16)), ("b", 0): (1, 2, 3, 4, 5)}
+    assert M.output_problems(rec, ref) == []
+    bad = dict(ref)
+    bad[("a", 1)] = (10, 11, 99, 13, 14, 15)
+    assert any("differs" in p for p in M.output_problems(rec, bad))
+    short = dict(ref)
+    short[("b", 0)] = (1, 2, 3, 4, 5, 6)
+    assert any("finished after" in p for p in M.output_problems(rec, short))
+    after = run([*CLEAN, (d("b", 0, 1, first=6), 4.0)])
+    assert any("after its finishing frame" in p for p in M.output_problems(after, ref))
+    assert not admit(run(CLEAN), bad).admitted
+    assert admit(run(CLEAN), ref).admitted
+    assert not admit(run(CLEAN), ref, close_error="leak").admitted
+    assert not admit(run(CLEAN), ref, needs_facade_verdict=True).admitted
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    assert M.percentile([], 50) is None
+    assert M.percentile([3.0], 99) == 3.0
+    assert M.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert M.percentile(list(range(101)), 99) == pytest.approx(99.0)
+
+
+def _result(system: str, reads: list[tuple[Delivery, float]]) -> RunResult:
+    rec = run(reads)
+    return RunResult(
+        system,
+        rec,
+        M.compute(rec),
+        Admission(True, (), "harness"),
+        (1.0, 2.0, 3.0),
+        0.001,
+        0.0005,
+        10,
+        0.004,
+        0.0,
+        (0.5, 0.6),
+        (0.3, 30.0),
+        5 if system != "retire" else None,
+        (),
+    )
+
+
+def test_results_json_schema_is_stable() -> None:
+    trace = load_trace(DEFAULT_TRACE_PATH)
+    results = {
+        "native": [_result("native", [*CLEAN, (d("a", 0, 7, True, first=4), 2.1)])] * 2,
+        "native_stop_reading": [_result("native_stop_reading", CLEAN)],
+        "retire": [_result("retire", CLEAN), _result("retire", CLEAN)],
+    }
+    doc = results_json(trace, ReplayConfig(), results)
+    assert set(TOP_KEYS) | set(results) == set(doc)
+    for name in results:
+        assert set(doc[name]) == set(SYSTEM_KEYS) | {
+            "obsolete_frames",
+            "invalid_reads",
+            "steps",
+            "retire_core_s",
+            "retire_core_events",
+            "retire_core_share_of_run",
+        }
+    for key in (
+        "obsolete_tokens",
+        "peak_live_obsolete",
+        "cleanup_ms_median",
+        "cleanup_ms_p99",
+        "final_versions_advanced",
+        "final_versions_total",
+        "goodput_tok_s",
+        "ttft_final_ms_median",
+    ):
+        assert key in doc["native"] and key in doc["retire"]
+    assert doc["native"]["obsolete_tokens"] == 7 and doc["retire"]["obsolete_tokens"] == 0
+    assert doc["goodput_ratio"] == pytest.approx(
+        doc["retire"]["goodput_tok_s"] / doc["native"]["goodput_tok_s"]
+    )
+    assert doc["checker_admitted"] is True
+    assert doc["retire"]["retire_core_share_of_step"] == pytest.approx(0.0005 / 0.006)
+    json.dumps(doc)  # JSON-ready
+    assert "obsolete tokens published" in table(doc)
+    assert doc["native"]["contended_runs"] == 2 and doc["retire"]["contended_runs"] == 2
+
+
+def test_aggregate_takes_the_worst_run_for_safety_counts() -> None:
+    a = M.compute(run(CLEAN))
+    b = M.compute(run([*CLEAN, (d("a", 0, 7, True, first=4), 2.1)]))
+    agg = M.aggregate([a, b], [run(CLEAN), run(CLEAN)])
+    assert agg["obsolete_tokens"] == 7
+    assert agg["final_versions_advanced"] == 2
+    assert agg["runs"] == 2
+
+
+def test_core_overhead_driver_adopts_and_measures() -> None:
+    from retire_bench import overhead
+
+    doc = overhead.summary(None, quick=True)
+    small = doc["core"][0]
+    assert small["events"] > 1000 and small["events_per_s"] > 0
+    assert "events/s" in overhead.table(doc)
