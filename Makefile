@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 
-.PHONY: setup setup-vllm demo test test-core lint check clean
+.PHONY: setup setup-vllm demo scenario test test-core lint check clean
 
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ $(VENV)/.vllm-installed: $(VENV)/.core-installed integrations/vllm/install_cpu.s
 
 setup-vllm: $(VENV)/.vllm-installed
 
-demo: setup
+demo: setup-vllm
+	$(VENV)/bin/retire demo
+
+scenario: setup
 	$(VENV)/bin/retire scenario
 
 lint: setup
