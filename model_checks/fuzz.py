@@ -157,7 +157,8 @@ class LockstepMachine(RuleBasedStateMachine):
             filled = {
                 spec["page_pos"][x]
                 for x in range(BOUNDS.pages)
-                if spec["page_alloc"][x] and spec["page_owner"][x] == s and spec["page_over"][x] == v
+                if spec["page_alloc"][x]
+                and (spec["page_owner"][x], spec["page_over"][x]) == (s, v)
             }
             if i == min(set(range(BOUNDS.positions)) - filled, default=-1):
                 allocations.append(m)  # engines fill a context's blocks in order

@@ -1,4 +1,4 @@
-"""The scripted scenario: a revision chain driven through the real core and checked against the spec.
+"""The scripted scenario: a revision chain driven through the real core, checked against the spec.
 
 Two scopes of two tenants share an engine. Scope ``s0`` runs, is revised while its tokens are
 still queued (e → e+1), revised again before its successor was admitted (e+1 → e+2: chain

@@ -22,6 +22,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from retire_bench.traces import (
     DEFAULT_SEED,
     DEFAULT_TRACE_PATH,
