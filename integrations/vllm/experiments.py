@@ -207,8 +207,8 @@ def exp_sched_gate() -> Result:
 
 def _make_gate_scheduler() -> type[Any]:
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-    from vllm.v1.request import RequestStatus
+
+    from .scheduler import commit_without
 
     class _GateScheduler(Scheduler):
         """Refuses to commit model output for revoked request ids (demo for research (f)).
@@ -230,19 +230,13 @@ def _make_gate_scheduler() -> type[Any]:
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
             for rid in sorted(self.revoked & set(scheduler_output.num_scheduled_tokens)):
                 self.dropped.append((rid, scheduler_output.num_scheduled_tokens[rid]))
-            live = [rid for rid in self.revoked if rid in self.requests]
-            closed = self.finish_requests(live, RequestStatus.FINISHED_ABORTED) if live else []
-            outputs = super().update_from_output(scheduler_output, model_runner_output)
-            for req in closed:
-                eco = outputs.setdefault(req.client_index, EngineCoreOutputs())
-                eco.outputs.append(
-                    EngineCoreOutput(
-                        request_id=req.request_id,
-                        new_token_ids=[],
-                        finish_reason=FinishReason.ABORT,
-                    )
-                )
-            return outputs
+            return commit_without(
+                self,
+                self.revoked,
+                lambda: super(_GateScheduler, self).update_from_output(
+                    scheduler_output, model_runner_output
+                ),
+            )
 
     return _GateScheduler
 

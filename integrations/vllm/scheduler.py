@@ -22,6 +22,7 @@ A facade attaches itself as ``retire_hooks`` and then gets:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -64,16 +65,27 @@ class RetireScheduler(Scheduler):
         if hooks is None:
             return super().update_from_output(scheduler_output, model_runner_output)
         refused = hooks.before_commit(self, scheduler_output)
-        live = sorted(rid for rid in refused if rid in self.requests)
-        closed = self.finish_requests(live, RequestStatus.FINISHED_ABORTED) if live else []
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
-        for req in closed:
-            eco = outputs.setdefault(req.client_index, EngineCoreOutputs())
-            eco.outputs.append(
-                EngineCoreOutput(
-                    request_id=req.request_id,
-                    new_token_ids=[],
-                    finish_reason=FinishReason.ABORT,
-                )
+        return commit_without(
+            self,
+            refused,
+            lambda: super(RetireScheduler, self).update_from_output(
+                scheduler_output, model_runner_output
+            ),
+        )
+
+
+def commit_without(scheduler: Scheduler, refused: Iterable[str], commit: Callable[[], Any]) -> Any:
+    """Run ``commit`` (the base ``update_from_output``) so that the ``refused`` requests commit
+    nothing: they are finished as aborted first (the base loop skips finished requests) and each
+    gets the terminal ABORT output the engine's drain loop waits for (without it, it hangs)."""
+    live = sorted(rid for rid in refused if rid in scheduler.requests)
+    closed = scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED) if live else []
+    outputs = commit()
+    for req in closed:
+        eco = outputs.setdefault(req.client_index, EngineCoreOutputs())
+        eco.outputs.append(
+            EngineCoreOutput(
+                request_id=req.request_id, new_token_ids=[], finish_reason=FinishReason.ABORT
             )
-        return outputs
+        )
+    return outputs
