@@ -5,9 +5,12 @@ through full version lifecycles: submit, launch, allocate / write / close every 
 context, token and commit frames, then revisions that share a prefix with the predecessor, the
 fence receipts, the byte check of the certificate, adoption and reclamation -- answering every
 command the core returns. It reports events per second and microseconds per event for a small
-state (the replay's 3 scopes) and a larger one. The share of engine step time comes from the
-replay itself (``retire_core_share_of_step`` in the replay JSON: time inside ``Retire.handle``
-during ``step()`` over total ``step()`` time; the facade's own glue is not counted there).
+state (the replay's 3 scopes) and a larger one, each with the events handed over one by one
+(``Retire.handle``) and in small batches (``Retire.handle_batch``, as the vLLM facade does per
+hook). The share of engine step time comes from the replay itself
+(``retire_core_share_of_step`` in the replay JSON: time inside ``Retire.handle`` and
+``Retire.handle_batch`` during ``step()`` over total ``step()`` time; the facade's own glue is
+not counted there, ``integration_share_of_step`` counts it).
 ``python -m retire_bench.overhead`` prints the table.
 """
 
@@ -25,8 +28,13 @@ from retire_bench.systems import quiet_logger
 TARGET_SHARE: Final[float] = 0.01
 
 
-def _drive(scopes: int, blocks: int, tokens: int, revisions: int, keep: int) -> tuple[int, float]:
-    """Run the lifecycles; return (events handled, seconds inside ``handle``)."""
+def _drive(
+    scopes: int, blocks: int, tokens: int, revisions: int, keep: int, batched: bool = False
+) -> tuple[int, float]:
+    """Run the lifecycles; return (events handled, seconds inside the core). ``batched`` hands
+    the core the same events, but each block's allocate / write / close and each token round's
+    commit and token frames as one ``handle_batch`` (as the vLLM facade batches a step's
+    events per hook) instead of one ``handle`` each."""
     from retire_core import (
         Admit,
         AdoptionReport,
@@ -62,6 +70,16 @@ def _drive(scopes: int, blocks: int, tokens: int, revisions: int, keep: int) -> 
         events += 1
         return out
 
+    def handle_batch(evs: list[Any]) -> list[Any]:
+        nonlocal events, spent
+        if not batched:
+            return [c for ev in evs for c in handle(ev)]
+        t0 = clock()
+        out = core.handle_batch(evs)
+        spent += clock() - t0
+        events += len(evs)
+        return out
+
     def context(scope: str, version: int) -> tuple[str, ...]:
         return tuple(
             f"{scope}/0/{i}" if i < keep else f"{scope}/{version}/{i}" for i in range(blocks)
@@ -72,13 +90,21 @@ def _drive(scopes: int, blocks: int, tokens: int, revisions: int, keep: int) -> 
         pending.extend(handle(ParticipantStarted(scope, version, q)))
         for pos in range(adopted, blocks):
             page = next(pages)
-            handle(PageAllocated(scope, version, q, page, pos))
-            handle(WriteAttempted(scope, version, q, page, True))
             digests[page] = f"d{page}"
-            handle(WriterClosed(page, digests[page]))
+            handle_batch(
+                [
+                    PageAllocated(scope, version, q, page, pos),
+                    WriteAttempted(scope, version, q, page, True),
+                    WriterClosed(page, digests[page]),
+                ]
+            )
         for _ in range(tokens):
-            handle(FrameArrived(scope, version, next(frames), FrameKind.COMMIT))
-            handle(FrameArrived(scope, version, next(frames), FrameKind.TOKEN))
+            handle_batch(
+                [
+                    FrameArrived(scope, version, next(frames), FrameKind.COMMIT),
+                    FrameArrived(scope, version, next(frames), FrameKind.TOKEN),
+                ]
+            )
 
     def answer(commands: list[Any]) -> None:
         queue = list(commands)
@@ -116,11 +142,12 @@ def core_throughput(quick: bool = False) -> list[dict[str, Any]]:
     if quick:
         configs = [configs[0], {**configs[1], "revisions": 2}]
     out = []
-    for cfg in configs:
-        events, spent = _drive(**cfg)
+    for cfg, batched in [(c, b) for c in configs for b in (False, True)]:
+        events, spent = _drive(**cfg, batched=batched)
         out.append(
             {
                 **cfg,
+                "batched": batched,
                 "events": events,
                 "seconds": spent,
                 "events_per_s": events / spent if spent else None,
@@ -155,7 +182,8 @@ def table(doc: dict[str, Any]) -> str:
     for c in doc["core"]:
         lines.append(
             f"  {c['scopes']:>2} scopes x {c['blocks']:>2} blocks, "
-            f"{c['revisions']} revisions each: {c['events']:>6} events, "
+            f"{c['revisions']} revisions each, "
+            f"{'batched   ' if c.get('batched') else 'one by one'}: {c['events']:>6} events, "
             f"{c['events_per_s']:,.0f} events/s, "
             f"{c['us_per_event']:.1f} us/event"
         )

@@ -8,7 +8,8 @@ same model on the same engine settings.
 
 Also here: :func:`quiet_logger` (the core's structured log, filtered at WARNING, so a replay does
 not print one line per transition) and :class:`CoreTimer`, which wraps the facade's
-``retire_core.Retire.handle`` on the instance to measure the time spent inside the core.
+``retire_core.Retire.handle`` and ``handle_batch`` on the instance to measure the time spent
+inside the core.
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ def make_system(
 class CoreTimer:
     """Where a system's step time goes, measured by wrapping methods on the instances.
 
-    * ``Retire.handle`` of a system with a ``.retire`` (the facade): every core event, and the
-      part of it spent inside the harness's ``step()`` call (``in_step_s``);
+    * ``Retire.handle`` and ``Retire.handle_batch`` of a system with a ``.retire`` (the facade):
+      every core event (a batch counts its events), and the part of that time spent inside the
+      harness's ``step()`` call (``in_step_s``);
     * ``LLMEngine.step`` of ``system.engine``: the engine's own step (``engine_s``);
     * the facade's scheduler hooks (``withheld``, ``after_schedule``, ``before_commit``), which
       run *inside* ``LLMEngine.step`` (``hooks_s``).
@@ -131,20 +133,10 @@ class CoreTimer:
         core: Any = getattr(system, "retire", None)
         self.active = core is not None and hasattr(core, "handle")
         if self.active:
-            original = core.handle
-
-            def handle(event: Any) -> Any:
-                t0 = clock()
-                try:
-                    return original(event)
-                finally:
-                    dt = clock() - t0
-                    self.total_s += dt
-                    self.events += 1
-                    if self._in_step:
-                        self.in_step_s += dt
-
-            core.handle = handle  # instance attribute: the facade's calls go through it
+            core.handle = self._timed_core(core.handle, lambda _event: 1)
+            if hasattr(core, "handle_batch"):
+                # A batch counts as many events as it holds (the facade hands lists over).
+                core.handle_batch = self._timed_core(core.handle_batch, len)
         engine: Any = getattr(system, "engine", None)
         if engine is not None:
             engine.step = self._timed(engine.step, "engine_s")
@@ -152,6 +144,26 @@ class CoreTimer:
             for name in self.HOOKS:
                 if hasattr(system, name):
                     setattr(system, name, self._timed(getattr(system, name), "hooks_s"))
+
+    def _timed_core(
+        self, original: Callable[[Any], Any], count: Callable[[Any], int]
+    ) -> Callable[[Any], Any]:
+        """Wrap ``Retire.handle`` / ``handle_batch`` on the instance (the facade's calls go
+        through the instance attribute): time inside the core, and the events it handled."""
+        clock = self._clock
+
+        def timed(arg: Any) -> Any:
+            t0 = clock()
+            try:
+                return original(arg)
+            finally:
+                dt = clock() - t0
+                self.total_s += dt
+                self.events += count(arg)
+                if self._in_step:
+                    self.in_step_s += dt
+
+        return timed
 
     def _timed(self, fn: Callable[..., Any], field: str) -> Callable[..., Any]:
         clock = self._clock

@@ -1,7 +1,9 @@
 """Retire's protocol core (``retire_core``): a sans-IO state machine in the style of h11.
 
 The engine hands ``Retire.handle`` an event (``events``) and carries out the commands it returns
-(``commands``); the pure function behind it is ``machine.step``. Where each rule lives:
+(``commands``); the pure function behind it is ``machine.step``. ``Retire.handle_batch`` (pure:
+``machine.step_many``) takes several events at once with exactly the same outcome as one by one,
+all or nothing, paying the per-call cost once. Where each rule lives:
 publication and write isolation in ``gates``, ALIGN/RESUME (versioned handoff) in ``handoff``,
 RECLAIM in ``reclaim``, late-event classification in ``ledger``, the legal (state, event) pairs
 in ``table``. This package never imports vllm, torch, threads, clocks or I/O, and does not depend
@@ -60,7 +62,7 @@ from retire_core.events import (
     WriteAttempted,
     WriterClosed,
 )
-from retire_core.machine import Step, step
+from retire_core.machine import BatchStep, Step, step, step_many
 from retire_core.state import CoreState, PageRecord, ParticipantRecord, ScopeRecord, ScopeState
 from retire_core.transitions import Stage, Transition
 
@@ -71,6 +73,7 @@ __all__ = [
     "Adopt",
     "AdoptionReport",
     "AllowWrite",
+    "BatchStep",
     "Cancel",
     "CertEntry",
     "Certificate",
@@ -123,4 +126,5 @@ __all__ = [
     "WriteAttempted",
     "WriterClosed",
     "step",
+    "step_many",
 ]

@@ -1,25 +1,44 @@
 """``Retire``: the object an engine embeds, in the style of h11's ``Connection``.
 
-It holds the current immutable ``CoreState``, feeds each event through ``machine.step``, writes
-exactly one structlog event per transition taken (the lines trace validation reads), and returns
-the commands for the engine to carry out. ``snapshot``/``restore`` are O(1) (the state is
-immutable) and ``fingerprint`` is a canonical hash of the whole state. No I/O beyond the log
-call, no clocks, no threads: the caller owns time and concurrency.
+It holds the current immutable ``CoreState``, feeds each event through ``machine.step`` (or a
+whole batch through ``machine.step_many``), writes exactly one structlog event per transition
+taken (the lines trace validation reads), and returns the commands for the engine to carry out.
+``snapshot``/``restore`` are O(1) (the state is immutable) and ``fingerprint`` is a canonical hash
+of the whole state. No I/O beyond the log call, no clocks, no threads: the caller owns time and
+concurrency.
+
+The logger is resolved once and reused while structlog's configuration stays the same (a lazy
+structlog proxy would otherwise assemble a new bound logger for every line); a logger that says
+INFO is not enabled (``is_enabled_for``, as structlog's filtering loggers do) gets no calls at
+all, so no log fields are built for it.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import structlog
+from structlog._config import _CONFIG, BoundLoggerLazyProxy
 
 from retire_core.commands import Command
 from retire_core.events import Event
-from retire_core.machine import Step, step
+from retire_core.machine import BatchStep, Step, step, step_many
 from retire_core.state import CoreState, ScopeRecord
 from retire_core.transitions import Transition
 
 LOGGER_NAME = "retire.core"
+
+
+def _config_key() -> tuple[Any, ...]:
+    """What a lazy structlog proxy's bound logger is assembled from."""
+    return (
+        _CONFIG.default_processors,
+        _CONFIG.default_wrapper_class,
+        _CONFIG.default_context_class,
+        _CONFIG.logger_factory,
+    )
 
 
 class Retire:
@@ -34,6 +53,9 @@ class Retire:
     ) -> None:
         self._state = state if state is not None else CoreState(ledger_size=ledger_size)
         self._log = logger if logger is not None else structlog.get_logger(LOGGER_NAME)
+        self._lazy = isinstance(self._log, BoundLoggerLazyProxy)
+        self._log_key: tuple[Any, ...] | None = None
+        self._log_info: Any = None  # the bound ``info`` method, or None when INFO is off
         self._seq = 0
         self.last_transitions: tuple[Transition, ...] = ()
 
@@ -41,16 +63,57 @@ class Retire:
     def state(self) -> CoreState:
         return self._state
 
+    def _info(self) -> Any:
+        """The ``info`` to call for this call's lines (None: the logger drops INFO)."""
+        if self._lazy:
+            key = _config_key()
+            if key != self._log_key:
+                self._log_key = key
+                self._log_info = _resolve(self._log.bind())
+        elif self._log_key is None:
+            self._log_key = ()
+            self._log_info = _resolve(self._log)
+        return self._log_info
+
+    def _write(self, info: Any, transitions: Sequence[Transition], trigger: str) -> None:
+        if info is None:
+            self._seq += len(transitions)
+            return
+        for t in transitions:
+            self._seq += 1
+            info("retire.transition", seq=self._seq, trigger=trigger, **t.as_log())
+
     def handle(self, event: Event) -> list[Command]:
         """Apply one event. Raises a ``RetireError`` (and changes nothing) on bad input."""
         result: Step = step(self._state, event)
         self._state = result.state
-        self.last_transitions = result.transitions
-        for t in result.transitions:
-            self._seq += 1
-            self._log.info(
-                "retire.transition", seq=self._seq, trigger=type(event).__name__, **t.as_log()
-            )
+        transitions = result.transitions
+        self.last_transitions = transitions
+        if transitions:
+            self._write(self._info(), transitions, type(event).__name__)
+        return list(result.commands)
+
+    def handle_batch(self, events: Iterable[Event]) -> list[Command]:
+        """Apply several events in order, exactly as ``handle`` one by one would (the same final
+        state, the same commands in the same order, the same transitions and log lines), paying
+        the per-call cost once. If any event is bad input, its ``RetireError`` is raised and
+        *nothing* of the batch takes effect: no state change, no log line. Afterwards
+        ``last_transitions`` holds the transitions of the whole batch."""
+        batch = events if isinstance(events, (list, tuple)) else list(events)
+        result: BatchStep = step_many(self._state, batch)
+        self._state = result.state
+        transitions = result.transitions
+        self.last_transitions = transitions
+        if transitions:
+            info = self._info()
+            if info is None:
+                self._seq += len(transitions)
+            else:
+                i = 0
+                for event, n in zip(batch, result.counts, strict=True):
+                    if n:
+                        self._write(info, transitions[i : i + n], type(event).__name__)
+                        i += n
         return list(result.commands)
 
     def snapshot(self) -> CoreState:
@@ -72,3 +135,11 @@ class Retire:
 
     def pinned_pages(self) -> tuple[int, ...]:
         return tuple(sorted(p for p, r in self._state.pages.items() if r.pinned))
+
+
+def _resolve(logger: Any) -> Any:
+    """``logger.info``, or None when the logger reports that INFO is filtered out."""
+    enabled = getattr(logger, "is_enabled_for", None)
+    if callable(enabled) and not enabled(logging.INFO):
+        return None
+    return logger.info

@@ -23,15 +23,28 @@ BlockKey = int | str | bytes
 _NAME = re.compile(r"^[A-Za-z0-9_.:/@#+-]{1,128}$")
 
 
+# Names already accepted (events name the same few scopes and participants over and over).
+_ACCEPTED: set[str] = set()
+_ACCEPTED_MAX = 1 << 16
+
+
 def check_name(value: object, what: str) -> str:
+    if type(value) is str and value in _ACCEPTED:
+        return value
     if not isinstance(value, str) or not _NAME.match(value):
         raise MalformedIdError(
             f"{what} must be 1-128 characters of [A-Za-z0-9_.:/@#+-], got {value!r}"
         )
+    if type(value) is str:
+        if len(_ACCEPTED) >= _ACCEPTED_MAX:
+            _ACCEPTED.clear()
+        _ACCEPTED.add(value)
     return value
 
 
 def check_number(value: object, what: str) -> int:
+    if type(value) is int and value >= 0:
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise MalformedIdError(f"{what} must be a non-negative int, got {value!r}")
     return value

@@ -10,7 +10,7 @@ page events and reports; they call ``gates`` for the two gates, ``handoff`` for 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -237,12 +237,18 @@ def on_receipt(txn: Txn, ev: Receipt) -> None:
 
 
 def on_frame(txn: Txn, ev: FrameArrived) -> None:
-    rec = txn.scopes[ev.scope]
-    _no_future(rec, ev.scope, ev.version, "FrameArrived")
-    publish, reason = publication_gate(rec, ev.version, ev.kind)
+    scope, version, frame, kind = ev.scope, ev.version, ev.frame, ev.kind
+    rec = txn.read_scope(scope)
+    if version > rec.epoch:
+        _no_future(rec, scope, version, "FrameArrived")
+    publish, reason = publication_gate(rec, version, kind)
     if publish:
-        txn.emit(Publish(ev.frame, ev.scope, ev.version, ev.kind))
-        txn.record("publish", Stage.PUBLISH, ev.scope, ev.version, frame=ev.frame, kind=ev.kind)
+        # The hottest path of all (every frame of the current version): ``txn.emit`` and
+        # ``txn.record("publish", ..., frame=..., kind=...)`` spelled out.
+        txn.commands.append(Publish(frame, scope, version, kind))
+        txn.transitions.append(
+            Transition("publish", Stage.PUBLISH, scope, version, (("frame", frame), ("kind", kind)))
+        )
         return
     why = classify_late(txn, ev.scope, ev.version) if reason == "retired_version" else reason
     assert why is not None
@@ -253,7 +259,7 @@ def on_frame(txn: Txn, ev: FrameArrived) -> None:
 
 
 def _running_participant(txn: Txn, scope: ScopeId, version: Version, q: str, what: str) -> None:
-    part = txn.scopes[scope].participants.get(q)
+    part = txn.read_scope(scope).participants.get(q)
     if part is None or part.version != version:
         raise UnknownParticipantError(f"{what}: {q!r} is not a participant of {scope}@{version}")
     if part.closed:
@@ -296,10 +302,10 @@ def on_page_allocated(txn: Txn, ev: PageAllocated) -> None:
 
 
 def on_write(txn: Txn, ev: WriteAttempted) -> None:
-    rec = txn.scopes[ev.scope]
+    rec = txn.read_scope(ev.scope)
     _no_future(rec, ev.scope, ev.version, "WriteAttempted")
     _running_participant(txn, ev.scope, ev.version, ev.participant, "WriteAttempted")
-    page = txn.pages.get(ev.page)
+    page = txn.read_page(ev.page)
     allowed, reason = write_gate(page, ev.scope, ev.version, ev.participant)
     if not allowed or page is None:
         txn.emit(FenceWrite(ev.page, ev.participant, reason or "page_not_allocated"))
@@ -314,7 +320,21 @@ def on_write(txn: Txn, ev: WriteAttempted) -> None:
             completes=ev.completes,
         )
         return
-    txn.pages[ev.page] = attrs.evolve(page, full=ev.completes)
+    if page.full != ev.completes:  # else the record would not change: leave the map alone
+        txn.pages[ev.page] = PageRecord(  # attrs.evolve(page, full=ev.completes), spelled out
+            page.owner,
+            page.version,
+            page.participant,
+            page.generation,
+            page.position,
+            page.prefix,
+            page.fingerprint,
+            page.writer_open,
+            ev.completes,
+            page.digest,
+            page.held,
+            page.pinned,
+        )
     txn.emit(AllowWrite(ev.page, ev.participant))
     txn.record(
         "write",
@@ -365,7 +385,20 @@ def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
         raise IllegalTransitionError(
             "writer_closed", "WriterClosed", f"page {ev.page} is already closed"
         )
-    txn.pages[ev.page] = attrs.evolve(page, writer_open=False, digest=ev.digest)
+    txn.pages[ev.page] = PageRecord(  # attrs.evolve(page, writer_open=False, digest=ev.digest)
+        page.owner,
+        page.version,
+        page.participant,
+        page.generation,
+        page.position,
+        page.prefix,
+        page.fingerprint,
+        False,
+        page.full,
+        ev.digest,
+        page.held,
+        page.pinned,
+    )
     txn.record(
         "close_writer",
         Stage.FENCE,
@@ -408,24 +441,72 @@ _SCOPE_HANDLERS: dict[str, Callable[[Txn, Any], None]] = {
 _EVENT_TYPES = (*SCOPE_EVENTS, WriterClosed, PageReused)
 
 
-def step(state: CoreState, event: Event) -> Step:
-    """Feed one event; return the next state, the commands and the transitions taken."""
-    if not isinstance(event, _EVENT_TYPES):
-        raise TypeError(f"not a Retire event: {event!r}")
-    txn = Txn(state)
-    if not isinstance(event, WriterClosed | PageReused):
-        scope: str = event.scope
-        rec = state.scopes.get(scope)
-        key = (rec.state if rec is not None else None, type(event))
+_SCOPE_EVENT_TYPES = frozenset(SCOPE_EVENTS)
+
+
+def _apply(txn: Txn, event: Event) -> None:
+    """Dispatch one event on the (scope state, event type) table and run its handler."""
+    cls = type(event)
+    if cls in _SCOPE_EVENT_TYPES:  # the common case, without walking the isinstance chain
+        scope: str = event.scope  # type: ignore[union-attr]
+        rec = txn.scope_record(scope)
+        key = (rec.state if rec is not None else None, cls)
         handler = TABLE.get(key)
         if handler is None:
-            raise refusal(key[0], type(event), scope)
+            raise refusal(key[0], cls, scope)
+        _SCOPE_HANDLERS[handler](txn, event)
+        return
+    if cls is WriterClosed:
+        on_writer_closed(txn, event)  # type: ignore[arg-type]
+        return
+    if not isinstance(event, _EVENT_TYPES):
+        raise TypeError(f"not a Retire event: {event!r}")
+    if not isinstance(event, WriterClosed | PageReused):
+        rec = txn.scope_record(event.scope)
+        key = (rec.state if rec is not None else None, cls)
+        handler = TABLE.get(key)
+        if handler is None:
+            raise refusal(key[0], cls, event.scope)
         _SCOPE_HANDLERS[handler](txn, event)
     elif isinstance(event, WriterClosed):
         on_writer_closed(txn, event)
     else:
         on_page_reused(txn, event)
+
+
+def step(state: CoreState, event: Event) -> Step:
+    """Feed one event; return the next state, the commands and the transitions taken."""
+    txn = Txn(state)
+    _apply(txn, event)
     return Step(txn.freeze(), tuple(txn.commands), tuple(txn.transitions))
 
 
-__all__ = ["Step", "step"]
+@attrs.frozen(slots=True)
+class BatchStep:
+    """What ``step_many`` did: the state after the last event, every command and transition in
+    order, and how many of those transitions each event took (``counts[i]`` for ``events[i]``)."""
+
+    state: CoreState
+    commands: tuple[Command, ...]
+    transitions: tuple[Transition, ...]
+    counts: tuple[int, ...]
+
+
+def step_many(state: CoreState, events: Iterable[Event]) -> BatchStep:
+    """Feed several events in order, exactly as ``step`` one after the other would (same final
+    state, commands, transitions), building one ``Txn`` for all of them. If any event raises,
+    the error propagates and nothing of the batch takes effect (``state`` is untouched)."""
+    txn = Txn(state)
+    transitions = txn.transitions
+    counts: list[int] = []
+    before = 0
+    for event in events:
+        _apply(txn, event)
+        txn.trim_ledger()  # ``step`` bounds the ledger after every event
+        after = len(transitions)
+        counts.append(after - before)
+        before = after
+    return BatchStep(txn.freeze(), tuple(txn.commands), tuple(transitions), tuple(counts))
+
+
+__all__ = ["BatchStep", "Step", "step", "step_many"]

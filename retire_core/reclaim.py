@@ -23,29 +23,45 @@ from retire_core.txn import Txn
 def reclaim(txn: Txn, scope: ScopeId) -> None:
     rec = txn.scopes[scope]
     cancelled = rec.state is ScopeState.CANCELLED
+    epoch = rec.epoch
+    if (
+        not cancelled
+        and all(r.version >= epoch for r in rec.participants.values())
+        and not any(
+            page.owner == scope and (page.version < epoch or not page.held)
+            for page in txn.read_pages().values()
+        )
+    ):
+        # Nothing of this scope is obsolete (no retired version has a participant or a page)
+        # and every page of it is held: the full pass below would unhold, free and forget
+        # nothing, in any state. Skip it, and leave the page map unthawed.
+        return
+    pages = txn.pages
+    mine = sorted(p for p, page in pages.items() if page.owner == scope)
     freed = []
-    for p in sorted(p for p, page in txn.pages.items() if page.owner == scope):
-        page = txn.pages[p]
-        obsolete = cancelled or page.version < rec.epoch
+    for p in mine:
+        page = pages[p]
+        obsolete = cancelled or page.version < epoch
         if page.held and obsolete and not page.writer_open and rec.drained(page.version):
             page = attrs.evolve(page, held=False)
-            txn.pages[p] = page
+            pages[p] = page
             txn.record(
                 "unhold", Stage.RECLAIM, scope, page.version, changed={"held": False}, page=p
             )
         if not page.held and not page.pinned:
-            del txn.pages[p]
+            del pages[p]
             freed.append(p)
             txn.record("free", Stage.RECLAIM, scope, page.version, page=p)
     if freed:
         txn.emit(Free(tuple(freed)))
-    _forget_drained_versions(txn, scope)
+    _forget_drained_versions(txn, scope, {pages[p].version for p in mine if p in pages})
 
 
-def _forget_drained_versions(txn: Txn, scope: ScopeId) -> None:
+def _forget_drained_versions(txn: Txn, scope: ScopeId, live_versions: set[int]) -> None:
+    """Move drained retired versions of ``scope`` with no page left (``live_versions``: the
+    versions of the scope's remaining pages) to the ledger."""
     rec = txn.scopes[scope]
     cancelled = rec.state is ScopeState.CANCELLED
-    live_versions = {page.version for page in txn.pages.values() if page.owner == scope}
     versions = {r.version for r in rec.participants.values()}
     gone = sorted(
         v

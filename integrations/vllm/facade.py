@@ -266,6 +266,9 @@ class _Frame:
 
 
 class _NullLogger:
+    def is_enabled_for(self, level: int) -> bool:
+        return False  # the core then builds no log fields at all
+
     def info(self, *_: Any, **__: Any) -> None:
         return None
 
@@ -371,6 +374,7 @@ class RetireEngine:
         self._completed: list[int] = []
         self._pending_reports: dict[tuple[str, int], Certificate] = {}
         self._held: set[str] = set()
+        self._maybe_paused: set[str] = set()  # scopes paused through ``pause`` (maybe unpaused)
         self._during_step: list[Callable[[RetireEngine], None]] = []
         self.observers: list[Any] = []  # objects with before_execute(facade, writes)/after_step
         self._step_writes: list[tuple[str, int, int]] = []  # (rid, block id, position)
@@ -426,6 +430,7 @@ class RetireEngine:
 
     def pause(self, scope: str) -> None:
         self._emit(Pause(scope))
+        self._maybe_paused.add(scope)
 
     def unpause(self, scope: str) -> None:
         self._emit(Unpause(scope))
@@ -445,8 +450,14 @@ class RetireEngine:
             self._in_step = False
         self._steps += 1
         self._close_completed_writers()
+        # The engine-boundary TOKEN frames of this step's outputs go to the core as one batch,
+        # flushed before a finished request is closed so that the core sees every event in the
+        # order it would one by one.
+        frames: list[Event] = []
         for out in outputs:
-            self._on_output(out)
+            self._on_output(out, frames)
+        if frames:
+            self._emit_batch(frames)
         deferred, self._deferred = self._deferred, []
         self._run(deferred)
         for obs in self.observers:
@@ -457,10 +468,21 @@ class RetireEngine:
         boundary as its own frame and is delivered only if the core publishes it."""
         queue = self._queues.get(scope)
         delivered: list[Delivery] = []
-        while queue:
-            chunk = queue.popleft()
-            frame = self._new_frame(_Frame("consumer", chunk=chunk))
-            self._emit(FrameArrived(scope, chunk.version, frame, FrameKind.TOKEN))
+        if not queue:
+            return delivered
+        # Every queued chunk crosses the boundary as its own frame; the core decides them all in
+        # one batch (consumer frames only ever publish or drop, so nothing in between differs).
+        chunks = list(queue)
+        frames = [self._new_frame(_Frame("consumer", chunk=chunk)) for chunk in chunks]
+        self._emit_batch(
+            [
+                FrameArrived(scope, chunk.version, frame, FrameKind.TOKEN)
+                for chunk, frame in zip(chunks, frames, strict=True)
+            ]
+        )
+        for _ in chunks:
+            queue.popleft()
+        for chunk, frame in zip(chunks, frames, strict=True):
             outcome = self._frames.pop(frame).outcome
             assert outcome is not None, "a frame must be decided when it arrives"
             rec = self.records[scope].version(chunk.version)
@@ -632,13 +654,19 @@ class RetireEngine:
     # ---- scheduler hooks (RetireScheduler) -----------------------------------------------------
 
     def withheld(self, scheduler: Any) -> set[str]:
-        held = set()
-        for scope, log in self.records.items():
+        held: set[str] = set()
+        if not self._maybe_paused:
+            return held
+        # Only a Pause makes a scope paused, so only scopes we paused need a look; the core's
+        # state says whether they still are.
+        for scope in list(self._maybe_paused):
             rec = self.retire.scope(scope)
             if rec.state is ScopeState.PAUSED:
-                rid = log.version(rec.epoch).request_id
+                rid = self.records[scope].version(rec.epoch).request_id
                 if rid is not None:
                     held.add(rid)
+            else:
+                self._maybe_paused.discard(scope)
         return held
 
     def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
@@ -646,32 +674,59 @@ class RetireEngine:
         for callback in callbacks:
             callback(self)
         self._step_writes = []
+        # The step's allocations and write checks go to the core as one batch, in the order they
+        # would have gone one by one; the allocations' own bookkeeping follows once the core has
+        # accepted them (a refused batch changes nothing, there or here).
+        events: list[Event] = []
+        allocations: list[tuple[_Req, int, int]] = []
+        writes: list[tuple[_Req, int, int, bool]] = []  # (request, block id, index, completes)
+        claimed: dict[int, str] = {}  # block id -> request, for this step's allocations
+        bs = self.block_size
         for rid, n in scheduler_output.num_scheduled_tokens.items():
             req = self._reqs.get(rid)
             if req is None:
                 continue
             request = scheduler.requests[rid]
-            ids = list(self.kvm.get_block_ids(rid)[0])
+            ids = ix.manager_block_ids(self.kvm, rid)
             end = int(request.num_computed_tokens)
             start = end - int(n)
             if not req.scheduled:
                 req.scheduled = True
                 self._check_prefix_hit(req, ids, start)
-            known = set(req.pages) | set(req.adopted)
-            for idx, bid in enumerate(ids):
-                if bid not in known:
-                    self._allocate(req, bid, idx)
+            # Blocks already seen in the request's previous block table were reported then.
+            prev = req.block_ids
+            first = len(prev) if ids[: len(prev)] == prev else 0
+            if first < len(ids):
+                known = set(req.pages) | set(req.adopted)
+                for idx in range(first, len(ids)):
+                    bid = ids[idx]
+                    if bid not in known:
+                        if bid in self._pages or bid in claimed:
+                            owner = self._pages[bid].rid if bid in self._pages else claimed[bid]
+                            raise IntegrationError(
+                                f"block {bid} handed to {req.rid} while the facade still "
+                                f"retains it for {owner}"
+                            )
+                        claimed[bid] = rid
+                        events.append(PageAllocated(req.scope, req.version, rid, bid, idx))
+                        allocations.append((req, bid, idx))
             req.block_ids = ids
-            rec = self.records[req.scope].version(req.version)
-            bs = self.block_size
             for idx in range(start // bs, (end - 1) // bs + 1):
                 bid = ids[idx]
                 completes = end >= (idx + 1) * bs
-                cmds = self._emit(WriteAttempted(req.scope, req.version, rid, bid, completes))
-                if not any(isinstance(c, AllowWrite) and c.page == bid for c in cmds):
-                    raise IsolationError(f"write of {rid} into block {bid} was not allowed")
-                rec.writes += 1
-                self._step_writes.append((rid, bid, idx))
+                events.append(WriteAttempted(req.scope, req.version, rid, bid, completes))
+                writes.append((req, bid, idx, completes))
+        if events:
+            commands = self.retire.handle_batch(events)  # raises (and changes nothing) if bad
+            for req, bid, idx in allocations:
+                self._retain(req, bid, idx)
+            self._run(commands)
+            allowed = {(c.page, c.participant) for c in commands if isinstance(c, AllowWrite)}
+            for req, bid, idx, completes in writes:
+                if (bid, req.rid) not in allowed:
+                    raise IsolationError(f"write of {req.rid} into block {bid} was not allowed")
+                self.records[req.scope].version(req.version).writes += 1
+                self._step_writes.append((req.rid, bid, idx))
                 if completes:
                     self._completed.append(bid)
         for obs in self.observers:
@@ -679,18 +734,25 @@ class RetireEngine:
 
     def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
         refused: set[str] = set()
+        events: list[Event] = []
+        frames: list[tuple[_Req, int]] = []
         for rid in scheduler_output.num_scheduled_tokens:
             req = self._reqs.get(rid)
             if req is None:
                 continue
             frame = self._new_frame(_Frame("commit", rid=rid))
-            self._emit(FrameArrived(req.scope, req.version, frame, FrameKind.COMMIT))
+            events.append(FrameArrived(req.scope, req.version, frame, FrameKind.COMMIT))
+            frames.append((req, frame))
+        if not events:
+            return refused
+        self._emit_batch(events)  # one COMMIT frame per scheduled request, decided together
+        for req, frame in frames:
             rec = self.records[req.scope].version(req.version)
             rec.commits += 1
             outcome = self._frames.pop(frame).outcome
             assert outcome is not None, "a commit must be decided when it arrives"
             if outcome != "publish":
-                refused.add(rid)
+                refused.add(req.rid)
                 rec.commits_dropped += 1
                 self.stats.commits_dropped += 1
         return refused
@@ -701,6 +763,13 @@ class RetireEngine:
         commands = self.retire.handle(event)  # raises (and changes nothing) on bad input
         if accept is not None:
             accept()
+        self._run(commands)
+        return commands
+
+    def _emit_batch(self, events: list[Event]) -> list[Command]:
+        """Hand the core several events at once (``Retire.handle_batch``: the same decisions as
+        one by one, all or nothing) and carry out every command it returns, in order."""
+        commands = self.retire.handle_batch(events)
         self._run(commands)
         return commands
 
@@ -773,7 +842,9 @@ class RetireEngine:
             rec.dropped_engine_tokens += len(frame.chunk.token_ids)
             self._frames.pop(cmd.frame)
 
-    def _on_output(self, out: Any) -> None:
+    def _on_output(self, out: Any, frames: list[Event] | None = None) -> None:
+        """Record one ``RequestOutput``; its TOKEN frame is appended to ``frames`` (handed to the
+        core by the caller) or, without a list, handed over at once."""
         # RequestOutput carries the external id; map it back to the internal one.
         rid = self._internal.get(out.request_id, out.request_id)
         completion = out.outputs[0]
@@ -804,8 +875,16 @@ class RetireEngine:
         if tokens or out.finished:
             chunk = _Chunk(req.scope, req.version, tokens, out.finished, completion.finish_reason)
             frame = self._new_frame(_Frame("engine", chunk=chunk))
-            self._emit(FrameArrived(req.scope, req.version, frame, FrameKind.TOKEN))
+            event = FrameArrived(req.scope, req.version, frame, FrameKind.TOKEN)
+            if frames is None:
+                self._emit(event)
+            else:
+                frames.append(event)
         if out.finished and completion.finish_reason != "abort":
+            if frames:
+                pending = list(frames)
+                frames.clear()
+                self._emit_batch(pending)
             self._close_request(req, req.participants)
 
     # ---- fencing and receipts ------------------------------------------------------------------
@@ -851,13 +930,8 @@ class RetireEngine:
 
     # ---- pages ---------------------------------------------------------------------------------
 
-    def _allocate(self, req: _Req, bid: int, position: int) -> None:
-        if bid in self._pages:
-            raise IntegrationError(
-                f"block {bid} handed to {req.rid} while the facade still retains it for "
-                f"{self._pages[bid].rid}"
-            )
-        self._emit(PageAllocated(req.scope, req.version, req.rid, bid, position))
+    def _retain(self, req: _Req, bid: int, position: int) -> None:
+        """The facade's side of an allocation the core accepted."""
         self.pool.touch([self.pool.blocks[bid]])  # the retention reference (= core's "held")
         self._pages[bid] = _Page(
             bid, req.scope, req.version, req.rid, position, req.salt, self.spy.gen(bid)
@@ -870,9 +944,12 @@ class RetireEngine:
         todo = [
             p for p in dict.fromkeys(completed) if p in self._pages and self._pages[p].writer_open
         ]
+        events: list[Event] = []
         for page, digest in self.read_digests(todo).items():
             self._pages[page].writer_open = False
-            self._emit(WriterClosed(page, digest))
+            events.append(WriterClosed(page, digest))
+        if events:
+            self._emit_batch(events)
 
     def _ours(self, page: int, gen: int | None) -> bool:
         """Is a reference we took on ``page`` at generation ``gen`` still on the same block?"""

@@ -61,6 +61,17 @@ def request_block_ids(engine: LLMEngine, request_id: str, group: int = 0) -> lis
     return list(kv_cache_manager(engine).get_block_ids(request_id)[group])
 
 
+def manager_block_ids(kvm: Any, request_id: str) -> list[int]:
+    """``kvm.get_block_ids(request_id)[0]`` (KV cache group 0), read straight from the group's
+    per-request block list instead of through a ``KVCacheBlocks`` built for every group (the
+    facade asks this for every scheduled request in every step)."""
+    try:
+        blocks = kvm.coordinator.single_type_managers[0].req_to_blocks.get(request_id)
+    except AttributeError:  # another vLLM layout: the public way
+        return list(kvm.get_block_ids(request_id)[0])
+    return [b.block_id for b in blocks] if blocks else []
+
+
 def request_blocks(engine: LLMEngine, request_id: str, group: int = 0) -> list[KVCacheBlock]:
     """The ``KVCacheBlock`` objects of a live request (same order as :func:`request_block_ids`)."""
     return list(kv_cache_manager(engine).coordinator.get_blocks(request_id)[group])
@@ -175,7 +186,8 @@ def worker_block_digest(worker: Any, block_id: int) -> str:
 
     h = hashlib.sha256()
     for t in kv_caches(worker):
-        h.update(t[block_id].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        # hashlib reads the contiguous uint8 array in place (no ``tobytes`` copy): same bytes.
+        h.update(t[block_id].contiguous().view(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 

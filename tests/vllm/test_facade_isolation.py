@@ -89,6 +89,31 @@ def test_retired_work_never_writes_into_others_pages(engine: Any, checker: Check
         assert checker.verify(facade, "B").ok
 
 
+def test_block_ids_read_straight_from_the_manager_match_vllm(engine: Any) -> None:
+    """The facade reads a request's block ids from vLLM's per-request block list
+    (``introspect.manager_block_ids``); it must agree with ``KVCacheManager.get_block_ids``."""
+    from retire_vllm import introspect as ix
+
+    class Compare:
+        checked = 0
+
+        def before_execute(self, facade: RetireEngine, writes: Any) -> None:
+            for rid in list(facade.scheduler.requests):
+                expected = list(facade.kvm.get_block_ids(rid)[0])
+                assert ix.manager_block_ids(facade.kvm, rid) == expected
+                self.checked += 1
+
+        def after_step(self, facade: RetireEngine) -> None:
+            return None
+
+    compare = Compare()
+    with attached(engine) as facade:
+        facade.observers.append(compare)
+        _late_step_run(facade, random.Random(7))
+    assert compare.checked > 10
+    assert ix.manager_block_ids(ix.kv_cache_manager(engine), "no-such-request") == []
+
+
 def test_isolation_audit_catches_a_stray_write(engine: Any) -> None:
     """Mutant: during a step, something writes into a closed page of co-tenant B (what retired
     work writing through a stale block table would do). The audit must report it."""

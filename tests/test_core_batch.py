@@ -1,0 +1,368 @@
+"""Batched handling: ``Retire.handle_batch`` / ``machine.step_many`` against one-by-one handling.
+
+The event sequences are random walks of the lock-step harness (the environment's moves, checked
+against the spec as they are made), recorded at the core's ``step``. Each walk is then replayed
+into two fresh cores: one event at a time, and in random batches; final state, commands,
+transitions and log lines must all agree. A bad event in a batch must raise its typed error and
+leave everything as it was. A deliberately broken batch (one that drops the last event) must be
+caught by the same comparison, so the comparison is known to be able to fail.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+import retire_core as rc
+from retire_checks.abstraction import Universe
+from retire_checks.environment import Budget, env_moves
+from retire_checks.fuzz import BOUNDS
+from retire_checks.lockstep import Lockstep
+from retire_spec.actions import ActionInstance
+
+SEEDS = range(60)
+
+
+class ListLogger:
+    """Records every ``info`` call (event name and fields) as a log line."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.lines.append((event, fields))
+
+
+def walk(seed: int, moves: int = 80) -> tuple[int, list[Any], list[Any]]:
+    """A random walk; returns (ledger size, the events the core accepted in order, the events it
+    rejected along the way)."""
+    rng = random.Random(seed)
+    ledger = rng.choice((1, 2, 8))
+    accepted: list[Any] = []
+    rejected: list[Any] = []
+
+    def recording_step(state: rc.CoreState, event: Any) -> rc.Step:
+        try:
+            result = rc.step(state, event)
+        except rc.RetireError:
+            rejected.append(event)
+            raise
+        accepted.append(event)
+        return result
+
+    ls = Lockstep(Universe.of(BOUNDS), step_fn=recording_step, ledger_size=ledger)
+    budget = Budget(faults=2, partial_writes=True)
+    for _ in range(moves):
+        if ls.pending_reports and rng.random() < 0.3:
+            ls.report(rng.choice(sorted(ls.pending_reports)))
+            continue
+        options = env_moves(ls, budget)
+        if not options:
+            break
+        allocations = [m for m in options if m.name == "allocate"]
+        if allocations and rng.random() < 0.3:
+            # Fill a block: allocate it, complete it, close its writer (what revisions inherit).
+            move = rng.choice(allocations)
+            p, q, _ = move.args
+            ls.env(move)
+            ls.env(ActionInstance("attempt_write", (p, q, True)))
+            ls.env(ActionInstance("close_writer", (p,)))
+            continue
+        keep = [
+            m
+            for m in options
+            if m.name == "supersede"
+            and m.args[2]
+            and m.args[1][0] == ls.spec["scope_want"][m.args[0]][0]
+        ]
+        if keep and rng.random() < 0.2:
+            ls.env(rng.choice(keep))  # a revision that keeps the leading block, reuse allowed
+            continue
+        move = rng.choice(options)
+        if move.name == "report":
+            ls.report(move.args[0])
+        else:
+            ls.env(move)
+    return ledger, accepted, rejected
+
+
+def chunks(events: Sequence[Any], rng: random.Random) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    i = 0
+    while i < len(events):
+        n = rng.choice((1, 2, 3, 5, 8, 13, len(events)))
+        out.append(list(events[i : i + n]))
+        i += n
+    return out
+
+
+BatchFn = Callable[[rc.Retire, list[Any]], list[rc.Command]]
+
+
+def real_batch(core: rc.Retire, events: list[Any]) -> list[rc.Command]:
+    return core.handle_batch(events)
+
+
+def mismatches(seed: int, batch: BatchFn = real_batch) -> list[str]:
+    """Replay one walk one by one and in random batches; describe every difference."""
+    ledger, events, _ = walk(seed)
+    one_log, many_log = ListLogger(), ListLogger()
+    one = rc.Retire(ledger_size=ledger, logger=one_log)
+    many = rc.Retire(ledger_size=ledger, logger=many_log)
+    one_commands: list[rc.Command] = []
+    one_transitions: list[rc.Transition] = []
+    for event in events:
+        one_commands += one.handle(event)
+        one_transitions += one.last_transitions
+    many_commands: list[rc.Command] = []
+    many_transitions: list[rc.Transition] = []
+    problems = []
+    for part in chunks(events, random.Random(seed * 7919 + 1)):
+        try:
+            many_commands += batch(many, part)
+        except rc.RetireError as err:
+            problems.append(f"raised {type(err).__name__}")
+            break
+        many_transitions += many.last_transitions
+    if one.state != many.state or hash(one.state) != hash(many.state):
+        problems.append("final state")
+    if one_commands != many_commands:
+        problems.append("commands")
+    if one_transitions != many_transitions:
+        problems.append("transitions")
+    if one_log.lines != many_log.lines:
+        problems.append("log lines")
+    return problems
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_batch_equals_one_by_one(seed: int) -> None:
+    assert mismatches(seed) == []
+
+
+def test_walks_are_long_and_varied() -> None:
+    # The comparison means something only if the walks reach the interesting transitions.
+    actions: set[str] = set()
+    total = 0
+    for seed in SEEDS:
+        ledger, events, _ = walk(seed)
+        core = rc.Retire(ledger_size=ledger, logger=ListLogger())
+        core.handle_batch(events)
+        total += len(events)
+        actions |= {t.action for t in core.last_transitions}
+    assert total > 20 * len(SEEDS)
+    assert {"publish", "drop", "certify", "adopt", "free", "fence", "resume"} <= actions
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_step_many_is_a_fold_of_step(seed: int) -> None:
+    ledger, events, _ = walk(seed)
+    state = rc.CoreState(ledger_size=ledger)
+    commands: list[rc.Command] = []
+    transitions: list[rc.Transition] = []
+    counts: list[int] = []
+    for event in events:
+        result = rc.step(state, event)
+        state = result.state
+        commands += result.commands
+        transitions += result.transitions
+        counts.append(len(result.transitions))
+    batch = rc.step_many(rc.CoreState(ledger_size=ledger), events)
+    assert batch.state == state
+    assert list(batch.commands) == commands
+    assert list(batch.transitions) == transitions
+    assert list(batch.counts) == counts
+
+
+def test_a_skipped_event_is_caught() -> None:
+    # Seeded bug: a batch that silently drops its last event must fail the comparison.
+    def broken(core: rc.Retire, events: list[Any]) -> list[rc.Command]:
+        return core.handle_batch(events[:-1])
+
+    caught = [seed for seed in range(10) if mismatches(seed, broken)]
+    assert caught == list(range(10))
+
+
+def test_reordered_events_are_caught() -> None:
+    # Seeded bug: handling a batch's events in reverse order must fail the comparison too.
+    def reversed_batch(core: rc.Retire, events: list[Any]) -> list[rc.Command]:
+        return core.handle_batch(events[::-1])
+
+    assert any(mismatches(seed, reversed_batch) for seed in range(10))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_bad_event_in_the_middle_changes_nothing(seed: int) -> None:
+    ledger, events, rejected = walk(seed)
+    rng = random.Random(seed)
+    log = ListLogger()
+    core = rc.Retire(ledger_size=ledger, logger=log)
+    head, tail = events[: len(events) // 2], events[len(events) // 2 :]
+    core.handle_batch(head)
+    cut = rng.randint(0, len(tail))
+    # Where the bad event goes, the state is what the events before it leave.
+    there = rc.step_many(core.state, tail[:cut]).state
+    # A bad event: one the walk saw rejected, if it is still bad there, else a receipt of a
+    # participant that never started.
+    bad: Any = rc.Receipt("s0", 0, "nobody-started-this")
+    for candidate in rejected:
+        try:
+            rc.step(there, candidate)
+        except rc.RetireError:
+            bad = candidate
+            break
+    with pytest.raises(rc.RetireError) as one_by_one:
+        rc.step(there, bad)
+    before, lines, last = core.state, list(log.lines), core.last_transitions
+    with pytest.raises(rc.RetireError) as batched:
+        core.handle_batch([*tail[:cut], bad, *tail[cut:]])
+    assert type(batched.value) is type(one_by_one.value)
+    assert str(batched.value) == str(one_by_one.value)
+    assert core.state is before
+    assert log.lines == lines and core.last_transitions == last
+    # ... and the core carries on exactly as if the bad batch had never been offered.
+    core.handle_batch(tail)
+    reference = rc.Retire(ledger_size=ledger, logger=ListLogger())
+    for event in events:
+        reference.handle(event)
+    assert core.state == reference.state
+
+
+def test_not_an_event_in_a_batch_changes_nothing() -> None:
+    core = rc.Retire(logger=ListLogger())
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    before = core.state
+    with pytest.raises(TypeError):
+        core.handle_batch([rc.ParticipantStarted("s", 0, "a"), object()])  # type: ignore[list-item]
+    assert core.state is before
+
+
+def test_empty_batch() -> None:
+    core = rc.Retire(logger=ListLogger())
+    before = core.state
+    assert core.handle_batch([]) == []
+    assert core.state is before and core.last_transitions == ()
+
+
+def test_batch_log_lines_through_structlog() -> None:
+    events = [
+        rc.Submit("s", "t", "f", (1,)),
+        rc.ParticipantStarted("s", 0, "a"),
+        rc.FrameArrived("s", 0, 1, rc.FrameKind.TOKEN),
+        rc.Supersede("s", (2,)),
+    ]
+    one = rc.Retire(logger=structlog.get_logger("test"))
+    many = rc.Retire(logger=structlog.get_logger("test"))
+    with capture_logs() as one_logs:
+        for event in events:
+            one.handle(event)
+    with capture_logs() as many_logs:
+        many.handle_batch(events)
+    assert one_logs == many_logs
+    assert [e["trigger"] for e in many_logs] == [
+        "Submit",
+        "ParticipantStarted",
+        "FrameArrived",
+        "Supersede",
+        "Supersede",
+        "Supersede",
+    ]
+    assert [e["seq"] for e in many_logs] == [1, 2, 3, 4, 5, 6]
+
+
+def test_filtered_logger_gets_no_calls_but_keeps_counting() -> None:
+    import logging
+
+    calls: list[str] = []
+
+    class Quiet:
+        def is_enabled_for(self, level: int) -> bool:
+            return level >= logging.WARNING
+
+        def info(self, event: str, **fields: Any) -> None:
+            calls.append(event)
+
+    core = rc.Retire(logger=Quiet())
+    core.handle_batch([rc.Submit("s", "t", "f", (1,)), rc.ParticipantStarted("s", 0, "a")])
+    assert calls == []
+    # Sequence numbers still advance, so a later enabled logger would see the same numbers.
+    assert core._seq == 2
+
+
+def test_reconfigured_structlog_is_followed() -> None:
+    # The resolved logger is reused, but a new structlog configuration (capture_logs) is seen.
+    core = rc.Retire(logger=structlog.get_logger("test"))
+    with capture_logs() as first:
+        core.handle(rc.Submit("s", "t", "f", (1,)))
+    with capture_logs() as second:
+        core.handle_batch([rc.ParticipantStarted("s", 0, "a")])
+    assert [e["transition"] for e in first] == ["open"]
+    assert [e["transition"] for e in second] == ["launch"]
+
+
+# --- the reclaim shortcut against the full scan it replaces ------------------------------------
+
+
+def reference_reclaim(txn: Any, scope: str) -> None:
+    """RECLAIM as it was written before the shortcut: scan every page, every time."""
+    import attrs
+
+    from retire_core.frozen import FrozenMap
+
+    rec = txn.scopes[scope]
+    cancelled = rec.state is rc.ScopeState.CANCELLED
+    freed = []
+    for p in sorted(p for p, page in txn.pages.items() if page.owner == scope):
+        page = txn.pages[p]
+        obsolete = cancelled or page.version < rec.epoch
+        if page.held and obsolete and not page.writer_open and rec.drained(page.version):
+            page = attrs.evolve(page, held=False)
+            txn.pages[p] = page
+            txn.record(
+                "unhold", rc.Stage.RECLAIM, scope, page.version, changed={"held": False}, page=p
+            )
+        if not page.held and not page.pinned:
+            del txn.pages[p]
+            freed.append(p)
+            txn.record("free", rc.Stage.RECLAIM, scope, page.version, page=p)
+    if freed:
+        txn.emit(rc.Free(tuple(freed)))
+    rec = txn.scopes[scope]
+    live = {page.version for page in txn.pages.values() if page.owner == scope}
+    gone = sorted(
+        v
+        for v in {r.version for r in rec.participants.values()}
+        if (cancelled or v < rec.epoch) and rec.drained(v) and v not in live
+    )
+    if gone:
+        participants = FrozenMap(
+            (q, r) for q, r in rec.participants.items() if r.version not in gone
+        )
+        txn.scopes[scope] = attrs.evolve(rec, participants=participants)
+        for v in gone:
+            txn.ledger.append((scope, v))
+
+
+def test_reclaim_shortcut_matches_the_full_scan() -> None:
+    from retire_core import reclaim
+    from retire_core.txn import Txn
+
+    checked = 0
+    for seed in range(40):
+        ledger, events, _ = walk(seed)
+        state = rc.CoreState(ledger_size=ledger)
+        for event in events:
+            state = rc.step(state, event).state
+            for scope in state.scopes:
+                fast, full = Txn(state), Txn(state)
+                reclaim.reclaim(fast, scope)
+                reference_reclaim(full, scope)
+                assert fast.freeze() == full.freeze(), (seed, event, scope)
+                assert fast.commands == full.commands and fast.transitions == full.transitions
+                checked += 1
+    assert checked > 1000
