@@ -11,6 +11,7 @@ produce.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -207,47 +208,50 @@ def _reset_values(bounds: Bounds) -> tuple[Any, ...]:
     return tuple(column[0] if column else None for column in init.cells)
 
 
-def _reset(col: tuple[Any, ...], keep: tuple[bool, ...], value: Any) -> tuple[Any, ...]:
-    return tuple([v if k else value for v, k in zip(col, keep, strict=True)])
-
-
 def fast_canonical(st: SpecState, bounds: Bounds) -> SpecState:
     """``retire_spec.schema.canonical(st, bounds)``, computed without rebuilding every column."""
-    cells = st.cells
-    out = list(cells)
+    return canonical_function(bounds)(st)
+
+
+@functools.cache
+def canonical_function(bounds: Bounds) -> Callable[[SpecState], SpecState]:
+    """``fast_canonical`` for one ``Bounds``, as straight-line code: for each group of columns
+    sharing a rule (a free page's slot, a released certificate, an unused participant ...), if
+    some slot is not kept, every column of the group is rebuilt with that slot reset."""
+    sizes = bounds.sizes()
     init = _reset_values(bounds)
-    alloc = cells[_ALLOC]
-    if not all(alloc):
-        for i in _PAGE_SLOT:
-            out[i] = _reset(out[i], alloc, init[i])
-    pinned = cells[_PINNED]
-    if not all(pinned):
-        keep_cert = tuple([a and pn for a, pn in zip(alloc, pinned, strict=True)])
-        for i in _CERT:
-            out[i] = _reset(out[i], keep_cert, init[i])
-    writer = cells[_WRITER]
-    if any(writer):
-        keep = tuple([not (a and w) for a, w in zip(alloc, writer, strict=True)])
-        out[_DIGEST] = _reset(out[_DIGEST], keep, init[_DIGEST])
-    used = cells[_USED]
-    if not all(used):
-        for i in _PART:
-            out[i] = _reset(out[i], used, init[i])
-    if NO_FRAME in cells[_FSTATE]:
-        live = tuple([x != NO_FRAME for x in cells[_FSTATE]])
-        for i in _FRAME:
-            out[i] = _reset(out[i], live, init[i])
-    modes = cells[_MODE_I]
-    if UNOPENED in modes:
-        opened = tuple([m != UNOPENED for m in modes])
-        for i in _SCOPE:
-            out[i] = _reset(out[i], opened, init[i])
-    if any(out[_PAUSE_AT]):
-        out[_PAUSE_AT] = tuple(
-            [e if m == PAUSED else 0 for e, m in zip(out[_PAUSE_AT], modes, strict=True)]
-        )
-    if any(out[_CANCEL_AT]):
-        out[_CANCEL_AT] = tuple(
-            [e if m == CANCELLED else 0 for e, m in zip(out[_CANCEL_AT], modes, strict=True)]
-        )
-    return SpecState(tuple(out))
+    page_only = tuple(i for i in _PAGE_SLOT if i not in _CERT and i != _DIGEST)
+    groups: list[tuple[tuple[int, ...], str, Callable[[int], str], Any]] = [
+        (page_only, "Page", lambda p: f"a[{p}]", None),
+        (_CERT, "Page", lambda p: f"(a[{p}] and pn[{p}])", None),
+        ((_DIGEST,), "Page", lambda p: f"(a[{p}] and not w[{p}])", None),
+        (_PART, "Part", lambda q: f"u[{q}]", None),
+        (_FRAME, "Frame", lambda f: f"fs[{f}] != {NO_FRAME}", None),
+        (_SCOPE, "Scope", lambda s: f"m[{s}] != {UNOPENED}", None),
+        ((_PAUSE_AT,), "Scope", lambda s: f"m[{s}] == {PAUSED}", 0),
+        ((_CANCEL_AT,), "Scope", lambda s: f"m[{s}] == {CANCELLED}", 0),
+    ]
+    lines = [
+        "def canonical(st):",
+        "    c = st.cells",
+        f"    a, pn, w = c[{_ALLOC}], c[{_PINNED}], c[{_WRITER}]",
+        f"    u, fs, m = c[{_USED}], c[{_FSTATE}], c[{_MODE_I}]",
+        "    out = None",
+    ]
+    for columns, sort, keep, reset in groups:
+        n = sizes[sort]
+        if not columns or n == 0:
+            continue
+        kept = " and ".join(f"({keep(j)})" for j in range(n))
+        lines.append(f"    if not ({kept}):")
+        lines.append("        if out is None:")
+        lines.append("            out = list(c)")
+        for i in columns:
+            value = init[i] if reset is None else reset
+            slots = ", ".join(f"(c[{i}][{j}] if {keep(j)} else {value!r})" for j in range(n))
+            lines.append(f"        out[{i}] = ({slots},)")
+    lines.append("    return st if out is None else SpecState(tuple(out))")
+    namespace: dict[str, Any] = {"SpecState": SpecState}
+    exec(compile("\n".join(lines) + "\n", "<retire_checks canonical>", "exec"), namespace)
+    fn: Callable[[SpecState], SpecState] = namespace["canonical"]
+    return fn

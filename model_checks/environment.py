@@ -11,6 +11,8 @@ draw from this one list.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from retire_checks.lockstep import Lockstep, Outcome
@@ -18,9 +20,11 @@ from retire_spec.actions import ActionInstance, param_domain
 from retire_spec.schema import (
     ACTIVE,
     CANCELLED,
+    COLUMN_INDEX,
     IN_FLIGHT,
     PAUSED,
     UNOPENED,
+    Bounds,
 )
 
 
@@ -34,73 +38,144 @@ class Budget:
     cancel: bool = True
 
 
+@attrs.frozen(slots=True)
+class _Table:
+    """Every move instance a world can offer, built once (moves are then shared objects, so the
+    memo and dispatch tables of ``Lockstep`` compare them by identity)."""
+
+    open: tuple[tuple[ActionInstance, ...], ...]
+    supersede: tuple[tuple[ActionInstance, ...], ...]
+    pause: tuple[ActionInstance, ...]
+    unpause: tuple[ActionInstance, ...]
+    cancel: tuple[ActionInstance, ...]
+    report: tuple[ActionInstance, ...]
+    launch: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [q][s][v]
+    receipt: tuple[ActionInstance, ...]
+    emit: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [f][q] -> kinds
+    deliver: tuple[ActionInstance, ...]
+    allocate: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q] -> positions
+    write_any: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q], partial if allowed
+    write_done: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q], completing only
+    close_writer: tuple[ActionInstance, ...]
+    faults: tuple[tuple[ActionInstance, ...], ...]  # [p] -> corrupt, reuse_id
+
+
+@functools.cache
+def _table(b: Bounds, budget: Budget) -> _Table:
+    A = ActionInstance
+    S, Q, F, P = range(b.scopes), range(b.parts), range(b.frames), range(b.pages)
+    requests = [(ctx, reuse) for ctx in b.contexts for reuse in budget.reuse_choices]
+    dones = (True, False) if budget.partial_writes else (True,)
+    return _Table(
+        open=tuple(tuple(A("open", (s, c, r)) for c, r in requests) for s in S),
+        supersede=tuple(tuple(A("supersede", (s, c, r)) for c, r in requests) for s in S),
+        pause=tuple(A("pause", (s,)) for s in S),
+        unpause=tuple(A("unpause", (s,)) for s in S),
+        cancel=tuple(A("cancel", (s,)) for s in S),
+        report=tuple(A("report", (s,)) for s in S),
+        launch=tuple(
+            tuple(tuple(A("launch", (q, s, v)) for v in range(b.max_epoch + 1)) for s in S)
+            for q in Q
+        ),
+        receipt=tuple(A("receipt", (q,)) for q in Q),
+        emit=tuple(
+            tuple(tuple(A("emit", (f, q, k)) for k in budget.frame_kinds) for q in Q) for f in F
+        ),
+        deliver=tuple(A("deliver", (f,)) for f in F),
+        allocate=tuple(
+            tuple(tuple(A("allocate", (p, q, i)) for i in param_domain("Pos", b)) for q in Q)
+            for p in P
+        ),
+        write_any=tuple(
+            tuple(tuple(A("attempt_write", (p, q, d)) for d in dones) for q in Q) for p in P
+        ),
+        write_done=tuple(tuple((A("attempt_write", (p, q, True)),) for q in Q) for p in P),
+        close_writer=tuple(A("close_writer", (p,)) for p in P),
+        faults=tuple((A("corrupt", (p,)), A("reuse_id", (p,))) for p in P),
+    )
+
+
 def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
     b = ls.uni.bounds
-    st = ls.spec
-    A = ActionInstance
+    t = _table(b, budget)
+    cells = ls.spec.cells
     moves: list[ActionInstance] = []
-    modes, epochs = st["scope_mode"], st["scope_epoch"]
+    modes, epochs = cells[_MODE], cells[_EPOCH]
+    pending = ls.pending_reports
     for s in range(b.scopes):
         mode = modes[s]
         if mode == UNOPENED:
-            for ctx in b.contexts:
-                for reuse in budget.reuse_choices:
-                    moves.append(A("open", (s, ctx, reuse)))
+            moves.extend(t.open[s])
             continue
         if mode in (ACTIVE, PAUSED) and epochs[s] < b.max_epoch:
-            for ctx in b.contexts:
-                for reuse in budget.reuse_choices:
-                    moves.append(A("supersede", (s, ctx, reuse)))
-        if budget.pause and mode == ACTIVE and st["scope_admitted"][s]:
-            moves.append(A("pause", (s,)))
+            moves.extend(t.supersede[s])
+        if budget.pause and mode == ACTIVE and cells[_ADMITTED][s]:
+            moves.append(t.pause[s])
         if mode == PAUSED:
-            moves.append(A("unpause", (s,)))
+            moves.append(t.unpause[s])
         if budget.cancel and mode in (ACTIVE, PAUSED):
-            moves.append(A("cancel", (s,)))
-        if s in ls.pending_reports:
-            moves.append(A("report", (s,)))
-    used, closed = st["part_used"], st["part_closed"]
+            moves.append(t.cancel[s])
+        if s in pending:
+            moves.append(t.report[s])
+    used, closed = cells[_USED], cells[_CLOSED]
     running = [q for q in range(b.parts) if used[q] and not closed[q]]
     free_part = next((q for q in range(b.parts) if not used[q]), None)
     if free_part is not None:
         for s in range(b.scopes):
             if modes[s] == UNOPENED:
                 continue
-            for v in range(epochs[s] + 1):
-                inst = A("launch", (free_part, s, v))
+            versions = t.launch[free_part][s]
+            if epochs[s] >= len(versions):  # only a mutant's spec steps get here
+                versions = tuple(
+                    ActionInstance("launch", (free_part, s, v)) for v in range(epochs[s] + 1)
+                )
+            for inst in versions[: epochs[s] + 1]:
                 if ls.spec_enabled(inst):
                     moves.append(inst)
     for q in running:
-        moves.append(A("receipt", (q,)))
-    free_frame = next((f for f in range(b.frames) if st["frame_state"][f] == 0), None)
+        moves.append(t.receipt[q])
+    frame_state = cells[_FRAME_STATE]
+    free_frame = next((f for f in range(b.frames) if frame_state[f] == 0), None)
     if free_frame is not None:
         for q in running:
-            for k in budget.frame_kinds:
-                moves.append(A("emit", (free_frame, q, k)))
+            moves.extend(t.emit[free_frame][q])
     for f in range(b.frames):
-        if st["frame_state"][f] == IN_FLIGHT:
-            moves.append(A("deliver", (f,)))
-    free_page = next((p for p in range(b.pages) if not st["page_alloc"][p]), None)
+        if frame_state[f] == IN_FLIGHT:
+            moves.append(t.deliver[f])
+    alloc, writer = cells[_ALLOC], cells[_WRITER]
+    free_page = next((p for p in range(b.pages) if not alloc[p]), None)
     for q in running:
         if free_page is not None:
-            for i in param_domain("Pos", b):
-                moves.append(A("allocate", (free_page, q, i)))
+            moves.extend(t.allocate[free_page][q])
         for p in range(b.pages):
-            if (st["page_alloc"][p] and st["page_writer"][p]) or st["page_alloc"][p] is False:
-                for done in (True, False) if budget.partial_writes else (True,):
-                    moves.append(A("attempt_write", (p, q, done)))
-            elif st["page_alloc"][p]:
-                moves.append(A("attempt_write", (p, q, True)))
+            if (alloc[p] and writer[p]) or alloc[p] is False:
+                moves.extend(t.write_any[p][q])
+            elif alloc[p]:
+                moves.extend(t.write_done[p][q])
     for p in range(b.pages):
-        if st["page_alloc"][p] and st["page_writer"][p]:
-            moves.append(A("close_writer", (p,)))
+        if alloc[p] and writer[p]:
+            moves.append(t.close_writer[p])
     if ls.faults < budget.faults:
         for p in range(b.pages):
-            for name in ("corrupt", "reuse_id"):
-                inst = A(name, (p,))
+            for inst in t.faults[p]:
                 if ls.spec_enabled(inst):
                     moves.append(inst)
     return moves
+
+
+_MODE, _EPOCH, _ADMITTED, _USED, _CLOSED, _FRAME_STATE, _ALLOC, _WRITER = (
+    COLUMN_INDEX[name]
+    for name in (
+        "scope_mode",
+        "scope_epoch",
+        "scope_admitted",
+        "part_used",
+        "part_closed",
+        "frame_state",
+        "page_alloc",
+        "page_writer",
+    )
+)
 
 
 def apply_move(ls: Lockstep, move: ActionInstance) -> Outcome:

@@ -21,20 +21,23 @@ line on stderr and returns a ``ProfileResult``. The CLI lives in ``cli_checks``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
 import attrs
 
 import retire_core as rc
-from retire_checks.abstraction import Universe, fast_canonical
+from retire_checks.abstraction import Universe, canonical_function, fast_canonical
 from retire_checks.environment import Budget, apply_move, env_moves
 from retire_checks.lockstep import Lockstep, Outcome, RefinementError, StepMemo
 from retire_checks.symmetry import Symmetry
-from retire_spec.actions import ACTION_BY_NAME, ACTIONS, Action, ActionInstance, enabled
+from retire_spec.actions import ACTION_BY_NAME, ACTIONS, Action, ActionInstance
+from retire_spec.codegen import compiler
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS, QUIESCENCE, Invariant
 from retire_spec.schema import PAUSED, Bounds, SpecState, initial_state
@@ -158,6 +161,46 @@ def probe_hits(
     return hits
 
 
+class ProbeTally:
+    """Probe counts of a search. The step memo hands out shared ``Outcome`` objects, and the hits
+    of most of them depend on the move's name and the outcome alone (not on the state before):
+    those are computed once per (move name, outcome) and counted; the rest (publish, drop and
+    cross-scope write fences, which read the state before) are computed every time."""
+
+    def __init__(self, bounds: Bounds, limit: int = 200_000) -> None:
+        self.bounds = bounds
+        self.limit = limit
+        self.counts: Counter[str] = Counter()
+        self._seen: dict[tuple[str, int], list[Any]] = {}
+
+    def add(self, move: ActionInstance, out: Outcome, before: SpecState) -> None:
+        key = (move.name, id(out) if out.transitions or out.commands else 0)
+        entry = self._seen.get(key)
+        if entry is None:
+            hits = probe_hits(move, out, before, self.bounds)
+            if any(_reads_before(t) for t in out.transitions):
+                self.counts.update(hits)
+                return
+            if len(self._seen) >= self.limit:
+                self.flush()
+            # the outcome is kept so that its id is not reused while the entry exists
+            entry = self._seen[key] = [out, hits, 0]
+        entry[2] += 1
+
+    def flush(self) -> Counter[str]:
+        for _, hits, n in self._seen.values():
+            for hit in hits:
+                self.counts[hit] += n
+        self._seen.clear()
+        return self.counts
+
+
+def _reads_before(t: rc.Transition) -> bool:
+    return t.action in ("publish", "drop") or (
+        t.action == "fence_write" and t.reason == "page_of_another_scope"
+    )
+
+
 def _slot(scope: str | None) -> int:
     return int((scope or "s0")[1:])
 
@@ -262,6 +305,20 @@ def new_lockstep(
     )
 
 
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """The searches allocate millions of small acyclic objects while their memo and parent maps
+    grow; the cyclic collector's passes over those maps took about 40% of the time and found
+    nothing to collect (reference counting frees everything), so it is paused during a search."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def explore(
     config: Config,
     step_fn: StepFn = rc.step,
@@ -271,17 +328,30 @@ def explore(
 ) -> ExploreResult:
     """Breadth-first search of the joint core/spec system of ``config``; stops at the first
     violation (refinement, invariant or quiescence) with a shortest counterexample."""
+    with _without_cyclic_gc():
+        return _explore(config, step_fn, actions, invariants, progress)
+
+
+def _explore(
+    config: Config,
+    step_fn: StepFn,
+    actions: dict[str, Action] | None,
+    invariants: tuple[Invariant, ...],
+    progress: Progress | None,
+) -> ExploreResult:
     t0 = time.perf_counter()
     c0 = time.process_time()
     memo = StepMemo()
     ls = new_lockstep(config, step_fn, actions, invariants, memo=memo)
     bounds, budget = config.bounds, config.budget
     sym = Symmetry(ls.uni, config.symmetry)
-    quiescence = Concrete(bounds.sizes())
-    probes: Counter[str] = Counter()
+    quiescence = [(q.name, ls.compiled.predicate(q.holds)) for q in QUIESCENCE]
+    tally = ProbeTally(bounds)
+    probes = tally.counts
     # Fingerprints of raw joint states (the memo hands back shared core and spec objects whose
     # hashes are cached, so a repeated raw state costs one dict lookup).
     fps: dict[tuple[Any, ...], tuple[int, SpecState]] = {}
+    canonical = canonical_function(bounds)
 
     def fingerprint() -> tuple[int, SpecState]:
         pending = tuple(ls.pending_reports.items())
@@ -290,7 +360,7 @@ def explore(
         if hit is None:
             if len(fps) >= memo.limit:
                 fps.clear()
-            canon = fast_canonical(ls.spec, bounds)
+            canon = canonical(ls.spec)
             fp = sym.fingerprint(ls.core, canon, ls.pending_reports, ls.faults)
             hit = fps[raw] = (fp, canon)
         return hit
@@ -329,7 +399,7 @@ def explore(
         if not any(m.name in COMPLETION for m in moves):
             quiescent += 1
             probes["path:quiescent"] += 1
-            broken = [q.name for q in QUIESCENCE if not q.holds(quiescence, ls.spec)]
+            broken = [name for name, holds in quiescence if not holds(ls.spec)]
             if broken:
                 violation = Counterexample(
                     config,
@@ -357,14 +427,13 @@ def explore(
                     f"the core raised {type(err).__name__} (not a RetireError): {err}",
                 )
                 break
-            for hit in probe_hits(move, out, before, bounds):
-                probes[hit] += 1
+            tally.add(move, out, before)
             child, canon = fingerprint()
             if child in parents:
                 continue
             parents[child] = (fp, move)
             try:
-                ls.check_state(canon, before)
+                ls.check_state(canon)
             except RefinementError as err:
                 violation = Counterexample(
                     config, (*path_to(fp), move), str(err), violated=err.invariants
@@ -390,7 +459,7 @@ def explore(
         seconds,
         quiescent,
         exhaustive and violation is None,
-        probes,
+        tally.flush(),
         violation,
         time.process_time() - c0,
     )
@@ -407,10 +476,22 @@ def explore_spec(
     the user's and the core's decisions), every invariant in every state. No symmetry. Like
     epochs in ``enabled``, ownership generations are capped at ``max_generation`` (recycled
     block ids would otherwise make the world infinite)."""
+    with _without_cyclic_gc():
+        return _explore_spec(config, actions, invariants, max_states, max_generation)
+
+
+def _explore_spec(
+    config: Config,
+    actions: dict[str, Action] | None,
+    invariants: tuple[Invariant, ...],
+    max_states: int | None,
+    max_generation: int,
+) -> ExploreResult:
     t0 = time.perf_counter()
     bounds = config.bounds
     table = tuple((actions or ACTION_BY_NAME).values())
-    I = Concrete(bounds.sizes())
+    compiled = compiler(bounds)
+    checks = [(inv.name, compiled.predicate(inv.holds)) for inv in invariants]
     init = initial_state(bounds)
     parents: dict[SpecState, tuple[SpecState, ActionInstance] | None] = {
         fast_canonical(init, bounds): None
@@ -423,7 +504,7 @@ def explore_spec(
     while queue and violation is None:
         st, depth = queue.popleft()
         key = fast_canonical(st, bounds)
-        for inst, nxt in enabled(st, bounds, table):
+        for inst, nxt in compiled.enabled(st, table):
             if any(g > max_generation for g in nxt["page_gen"]):
                 continue
             transitions += 1
@@ -433,7 +514,7 @@ def explore_spec(
                 continue
             parents[nkey] = (key, inst)
             max_depth = max(max_depth, depth + 1)
-            broken = [inv.name for inv in invariants if not inv.holds(I, nxt)]
+            broken = [name for name, holds in checks if not holds(nxt)]
             if broken:
                 moves = [inst]
                 link = parents[key]

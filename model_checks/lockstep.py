@@ -13,7 +13,8 @@ with the step that caused it. The engine's answers to commands (the byte check a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -21,6 +22,7 @@ import attrs
 import retire_core as rc
 from retire_checks.abstraction import Universe, abstract_control, fast_canonical
 from retire_spec.actions import ACTION_BY_NAME, Action, ActionInstance
+from retire_spec.codegen import Predicate, Successor, compiler
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS, Invariant
 from retire_spec.schema import (
@@ -62,51 +64,55 @@ def _contract(reuse: bool) -> rc.Contract:
 class StepMemo:
     """Caches of the pure functions a lock-step search evaluates over and over: the core's
     ``step`` on a (core state, event) pair (with the spec instances its transitions stand for,
-    its commands already checked against them) and spec guards and effects on a (spec state,
-    action instance) pair. Sound because ``retire_core.step`` and the spec are pure functions of
-    their arguments; one memo serves one core and one action table (a mutant gets its own).
-    Each cache is emptied when it reaches ``limit`` entries."""
+    its commands already checked against them), spec effects on a (spec state, action instance)
+    pair, and the abstraction of a (core state, launched participants) pair. Sound because
+    ``retire_core.step``, the spec and the abstraction are pure functions of their arguments;
+    one memo serves one core and one action table (a mutant gets its own). Equal core and spec
+    states are interned (one object each), so memo hits compare by identity. Each cache is
+    emptied when it reaches ``limit`` entries."""
 
-    __slots__ = ("core", "enabled", "events", "limit", "spec")
+    __slots__ = ("abstract", "core", "cores", "events", "limit", "spec", "specs")
 
     def __init__(self, limit: int = 300_000) -> None:
         self.limit = limit
         self.core: dict[tuple[Any, Any], Any] = {}
         self.spec: dict[tuple[SpecState, ActionInstance], SpecState | None] = {}
-        self.enabled: dict[tuple[SpecState, ActionInstance], bool] = {}
         self.events: dict[Any, Any] = {}  # validated core events, by what they are built from
+        # control columns of the abstraction, by (core state, launched participants)
+        self.abstract: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # one object per distinct core / spec state, so that memo hits compare by identity
+        self.cores: dict[Any, Any] = {}
+        self.specs: dict[SpecState, SpecState] = {}
 
     def trim(self) -> None:
-        for cache in (self.core, self.spec, self.enabled, self.events):
+        for cache in (self.core, self.spec, self.events, self.abstract, self.cores, self.specs):
             if len(cache) >= self.limit:
                 cache.clear()
 
 
 _REJECTED = object()
-
-
-class _Tracer(Mapping[str, Any]):
-    """A spec state that records which columns are read."""
-
-    def __init__(self, st: SpecState) -> None:
-        self.st = st
-        self.read: set[int] = set()
-
-    def __getitem__(self, name: str) -> Any:
-        self.read.add(COLUMN_INDEX[name])
-        return self.st[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.st)
-
-    def __len__(self) -> int:
-        return len(self.st)
-
-
-def _columns_read(inv: Invariant, I: Concrete, st: SpecState) -> frozenset[int]:
-    tracer = _Tracer(st)
-    inv.holds(I, tracer)  # type: ignore[arg-type]
-    return frozenset(tracer.read)
+_MISSING: Any = object()
+# Command class, the field naming its frame(s) or page(s), and the transition that must match.
+_COMMAND_CHECKS: tuple[tuple[str, type, str], ...] = (
+    ("Publish", rc.Publish, "frame"),
+    ("Drop", rc.Drop, "frame"),
+    ("AllowWrite", rc.AllowWrite, "page"),
+    ("FenceWrite", rc.FenceWrite, "page"),
+    ("Free", rc.Free, "pages"),
+    ("Adopt", rc.Adopt, "pages"),
+    ("PinCertified", rc.PinCertified, "certificate"),
+)
+_TRANSITION_CHECKS: dict[str, tuple[str, str]] = {
+    "publish": ("Publish", "frame"),
+    "drop": ("Drop", "frame"),
+    "write": ("AllowWrite", "page"),
+    "fence_write": ("FenceWrite", "page"),
+    "free": ("Free", "page"),
+    "adopt": ("Adopt", "page"),
+    "certify": ("PinCertified", "page"),
+}
+_NOTHING = Outcome((), (), ())
+_control_cells = operator.itemgetter(*(COLUMN_INDEX[name] for name in CONTROL_COLUMNS))
 
 
 class Lockstep:
@@ -129,6 +135,11 @@ class Lockstep:
         self.invariants = invariants
         self.actions = actions or ACTION_BY_NAME
         self.I = Concrete(uni.bounds.sizes())
+        # Guards, effects and invariants compiled from the same spec functions (``codegen``).
+        self.compiled = compiler(uni.bounds)
+        self._guards: dict[ActionInstance, Predicate] = {}
+        self._steps: dict[ActionInstance, Successor] = {}
+        self._holds = tuple(self.compiled.predicate(inv.holds) for inv in invariants)
         self.core = rc.CoreState(ledger_size=ledger_size)
         self.spec = initial_state(uni.bounds)
         self.launched: dict[int, tuple[int, int]] = {}
@@ -141,7 +152,6 @@ class Lockstep:
         self.record = record
         self.check_each_step = check_each_step
         self.memo = memo
-        self._invariant_reads: tuple[frozenset[int], ...] | None = None
         self.trace: list[str] = []
         self._current_event: Any = None
 
@@ -165,25 +175,21 @@ class Lockstep:
 
     # --- guards -------------------------------------------------------------------------
     def spec_enabled(self, inst: ActionInstance) -> bool:
-        memo = self.memo
-        if memo is not None:
-            key = (self.spec, inst)
-            hit = memo.enabled.get(key)
-            if hit is None:
-                action = self.actions[inst.name]
-                hit = memo.enabled[key] = bool(action.guard(self.I, self.spec, *inst.args))
-            return hit
-        action = self.actions[inst.name]
-        return bool(action.guard(self.I, self.spec, *inst.args))
+        guard = self._guards.get(inst)
+        if guard is None:
+            guard = self._guards[inst] = self.compiled.guard(self.actions[inst.name], inst.args)
+        return guard(self.spec)
 
     def _spec_apply(self, inst: ActionInstance) -> None:
         memo = self.memo
         if memo is not None:
             key = (self.spec, inst)
-            if key in memo.spec:
-                nxt = memo.spec[key]
-            else:
-                nxt = memo.spec[key] = self._spec_next(inst)
+            nxt = memo.spec.get(key, _MISSING)
+            if nxt is _MISSING:
+                nxt = self._spec_next(inst)
+                if nxt is not None:
+                    nxt = memo.specs.setdefault(nxt, nxt)
+                memo.spec[key] = nxt
         else:
             nxt = self._spec_next(inst)
         if nxt is None:
@@ -191,10 +197,10 @@ class Lockstep:
         self.spec = nxt
 
     def _spec_next(self, inst: ActionInstance) -> SpecState | None:
-        action = self.actions[inst.name]
-        if not action.guard(self.I, self.spec, *inst.args):
-            return None
-        return self.spec.replace(action.effect(self.I, self.spec, *inst.args))
+        step = self._steps.get(inst)
+        if step is None:
+            step = self._steps[inst] = self.compiled.step(self.actions[inst.name], inst.args)
+        return step(self.spec)
 
     def _last(self) -> str:
         if not self.record:
@@ -316,44 +322,50 @@ class Lockstep:
     def feed(self, event: Any, inst: ActionInstance | None) -> Outcome:
         self._current_event = event
         memo = self.memo
-        cached = memo.core.get((self.core, event)) if memo is not None else None
+        key = (self.core, event)
+        cached = memo.core.get(key) if memo is not None else None
         if cached is _REJECTED:
-            return Outcome((), (), ())
-        if cached is not None:
-            result, instances = cached
-        else:
+            return _NOTHING
+        if cached is None:
             try:
                 result = self.step_fn(self.core, event)
             except rc.RetireError:
                 if self.record:
                     self.trace.append(f"  -> rejected {type(event).__name__}")
                 if memo is not None:
-                    memo.core[(self.core, event)] = _REJECTED
-                return Outcome((), (), ())
+                    memo.core[key] = _REJECTED
+                return _NOTHING
             instances = tuple(self._spec_instance(t) for t in result.transitions)
-        steps = []
-        for si in instances:
-            if si is None:
-                continue
+            steps = tuple(si for si in instances if si is not None)
+            launches = tuple((si.args[0], si.args[1:]) for si in steps if si.name == "launch")
+            pins = tuple(
+                (self.uni.scope_slot(c.certificate.scope), c.certificate.version)
+                for c in result.commands
+                if isinstance(c, rc.PinCertified)
+            )
+            state = result.state
+            if memo is not None:
+                state = memo.cores.setdefault(state, state)  # equal core states: one object
+            outcome = Outcome(result.commands, result.transitions, steps)
+        else:
+            state, outcome, launches, pins = cached
+        for si in outcome.spec_steps:
             self._spec_apply(si)
-            steps.append(si)
-            if si.name == "launch":
-                self.launched[si.args[0]] = (si.args[1], si.args[2])
+        for q, sv in launches:
+            self.launched[q] = sv
         if cached is None:
             self._check_commands(result)
             if memo is not None:
-                memo.core[(self.core, event)] = (result, instances)
-        self.core = result.state
-        for c in result.commands:
-            if isinstance(c, rc.PinCertified):
-                self.pending_reports[self.uni.scope_slot(c.certificate.scope)] = (
-                    c.certificate.version
-                )
+                memo.core[key] = (state, outcome, launches, pins)
+        self.core = state
+        for s, v in pins:
+            self.pending_reports[s] = v
         if self.check_each_step:
             self.check_state()
         if self.record:
-            self.trace.append("  -> " + (", ".join(str(s) for s in steps) or "(no spec step)"))
-        return Outcome(result.commands, result.transitions, tuple(steps))
+            steps_text = ", ".join(str(s) for s in outcome.spec_steps)
+            self.trace.append("  -> " + (steps_text or "(no spec step)"))
+        return outcome
 
     def _spec_instance(self, t: rc.Transition) -> ActionInstance | None:
         u = self.uni
@@ -392,86 +404,63 @@ class Lockstep:
         return tuple(ev.context), ev.contract.allows_reuse
 
     def _check_commands(self, result: rc.Step) -> None:
-        def pages_of(cls: type, attr: str = "pages") -> list[int]:
-            out: list[int] = []
-            for c in result.commands:
+        """Each kind of command names exactly the frames or pages its transitions name."""
+        commanded: dict[str, list[Any]] = {name: [] for name, _, _ in _COMMAND_CHECKS}
+        for c in result.commands:
+            for name, cls, attr in _COMMAND_CHECKS:
                 if isinstance(c, cls):
-                    pages = getattr(c, attr)
-                    out.extend(pages.pages if attr == "certificate" else pages)
-            return sorted(out)
-
-        def acted(name: str, arg: str) -> list[Any]:
-            return sorted(t.arg(arg) for t in result.transitions if t.action == name)
-
-        checks = [
-            (
-                "Publish",
-                sorted(c.frame for c in result.commands if isinstance(c, rc.Publish)),
-                acted("publish", "frame"),
-            ),
-            (
-                "Drop",
-                sorted(c.frame for c in result.commands if isinstance(c, rc.Drop)),
-                acted("drop", "frame"),
-            ),
-            (
-                "AllowWrite",
-                sorted(c.page for c in result.commands if isinstance(c, rc.AllowWrite)),
-                acted("write", "page"),
-            ),
-            (
-                "FenceWrite",
-                sorted(c.page for c in result.commands if isinstance(c, rc.FenceWrite)),
-                acted("fence_write", "page"),
-            ),
-            ("Free", pages_of(rc.Free), acted("free", "page")),
-            ("Adopt", pages_of(rc.Adopt), acted("adopt", "page")),
-            ("PinCertified", pages_of(rc.PinCertified, "certificate"), acted("certify", "page")),
-        ]
-        for name, commanded, transitioned in checks:
-            if commanded != transitioned:
+                    value = getattr(c, attr)
+                    if attr == "frame" or attr == "page":
+                        commanded[name].append(value)
+                    else:
+                        commanded[name].extend(value.pages if attr == "certificate" else value)
+        transitioned: dict[str, list[Any]] = {name: [] for name, _, _ in _COMMAND_CHECKS}
+        for t in result.transitions:
+            found = _TRANSITION_CHECKS.get(t.action)
+            if found is not None:
+                transitioned[found[0]].append(t.arg(found[1]))
+        for name, _, _ in _COMMAND_CHECKS:
+            got, want = commanded[name], transitioned[name]
+            if (got or want) and sorted(got) != sorted(want):
                 raise RefinementError(
-                    f"{name} commands {commanded} disagree with transitions {transitioned} "
+                    f"{name} commands {sorted(got)} disagree with transitions {sorted(want)} "
                     f"(after {self._last()})"
                 )
 
-    def check_state(self, canon: SpecState | None = None, parent: SpecState | None = None) -> None:
+    def check_state(self, canon: SpecState | None = None) -> None:
         """Refinement of the current state (core abstraction == spec control columns) and every
         invariant; raises ``RefinementError``. ``canon``: the spec state's canonical form, if
-        the caller has it. ``parent``: a spec state in which every invariant held; then only
-        the invariants that read a column which differs from it are evaluated again."""
-        bounds = self.uni.bounds
-        abstract = abstract_control(self.core, self.uni, self.launched)
-        view = canon if canon is not None else fast_canonical(self.spec, bounds)
-        expected = view.project(CONTROL_COLUMNS)
-        if abstract != expected:
+        the caller has it. Every invariant is evaluated in every state checked (compiled, all of
+        them cost less than working out which columns changed since the parent state)."""
+        view = canon if canon is not None else fast_canonical(self.spec, self.uni.bounds)
+        cells = view.cells
+        if _control_cells(cells) != self._abstract():
+            abstract = abstract_control(self.core, self.uni, self.launched)
+            expected = view.project(CONTROL_COLUMNS)
             diff = [k for k in expected if abstract[k] != expected[k]]
             detail = {k: (abstract[k], expected[k]) for k in diff}
             raise RefinementError(f"core and spec disagree on {detail} (after {self._last()})")
-        invariants = self.invariants
-        if parent is not None:
-            changed = {
-                i
-                for i, (a, b) in enumerate(zip(parent.cells, self.spec.cells, strict=True))
-                if a is not b
-            }
-            reads = self._reads()
-            invariants = tuple(inv for inv, r in zip(invariants, reads, strict=True) if r & changed)
-        broken = [inv.name for inv in invariants if not inv.holds(self.I, self.spec)]
+        spec = self.spec
+        checks = zip(self.invariants, self._holds, strict=True)
+        broken = [inv.name for inv, holds in checks if not holds(spec)]
         if broken:
             raise RefinementError(
                 f"invariant(s) {broken} violated (after {self._last()})", tuple(broken)
             )
 
-    def _reads(self) -> tuple[frozenset[int], ...]:
-        """The columns each invariant reads. The spec is written without Python control flow on
-        interpreted values (see ``retire_spec.expr``), so evaluating an invariant once on any
-        state of these bounds visits every column it can ever read."""
-        if self._invariant_reads is None:
-            self._invariant_reads = tuple(
-                _columns_read(inv, self.I, self.spec) for inv in self.invariants
-            )
-        return self._invariant_reads
+    def _abstract(self) -> tuple[Any, ...]:
+        """``abstract_control`` of the current core, as a tuple in ``CONTROL_COLUMNS`` order."""
+        memo = self.memo
+        key = (self.core, tuple(self.launched.items())) if memo is not None else None
+        if memo is not None:
+            hit = memo.abstract.get(key)
+            if hit is not None:
+                return hit
+        abstract = abstract_control(self.core, self.uni, self.launched)
+        values = tuple([abstract[name] for name in CONTROL_COLUMNS])
+        if memo is not None:
+            memo.abstract[key] = values
+        return values
 
     _check = check_state
 

@@ -122,34 +122,62 @@ def scope_renamings(uni: Universe) -> tuple[Renaming, ...]:
 
 
 class Symmetry:
-    """Fingerprints of joint states modulo the symmetry group (or plain, when disabled)."""
+    """Fingerprints of joint states modulo the symmetry group (or plain, when disabled).
 
-    def __init__(self, uni: Universe, enabled: bool = True) -> None:
+    Both halves of the encoding are memoized (the explorer meets the same canonical spec state
+    and the same core state in many joint states): the renamed spec encodings per canonical spec
+    state, and the hash of the renamed core encoding per (core state, renaming, participant
+    renaming). Memo entries are pure functions of their keys; ``limit`` bounds each memo."""
+
+    def __init__(self, uni: Universe, enabled: bool = True, limit: int = 300_000) -> None:
         check_encoder_covers_core()
         self.uni = uni
         self.enabled = enabled
         self.renamings = scope_renamings(uni) if enabled else scope_renamings(uni)[:1]
         self.part_names = uni.parts
+        self.limit = limit
+        self._specs: dict[SpecState, list[tuple[tuple[Any, ...], int, tuple[str, ...]]]] = {}
+        self._cores: dict[tuple[Any, ...], int] = {}
 
     def fingerprint(
         self, core: rc.CoreState, spec: SpecState, pending: Mapping[int, int], faults: int
     ) -> int:
         """``spec`` must be in canonical form (``abstraction.fast_canonical``)."""
-        cells = spec.cells
         if not self.enabled:
-            return hash((core, cells, tuple(sorted(pending.items())), faults))
+            return hash((core, spec.cells, tuple(sorted(pending.items())), faults))
+        renamed = self._specs.get(spec)
+        if renamed is None:
+            if len(self._specs) >= self.limit:
+                self._specs.clear()
+            renamed = []
+            for r, ren in enumerate(self.renamings):
+                spec_enc, part_map = self._rename_spec(spec.cells, ren)
+                renamed.append((spec_enc, r, tuple(part_map[q] for q in self.part_names)))
+            self._specs[spec] = renamed
+        if len(renamed) == 1:
+            spec_enc, r, parts = renamed[0]
+            slots = self.renamings[r].slots
+            pend = tuple(sorted((slots[s], v) for s, v in pending.items()))
+            return hash((hash((spec_enc, pend, faults)), self._core_hash(core, r, parts)))
         candidates = []
-        for ren in self.renamings:
-            spec_enc, part_map = self._rename_spec(cells, ren)
-            pend = tuple(sorted((ren.slots[s], v) for s, v in pending.items()))
-            candidates.append((hash((spec_enc, pend, faults)), spec_enc, pend, ren, part_map))
+        for spec_enc, r, parts in renamed:
+            slots = self.renamings[r].slots
+            pend = tuple(sorted((slots[s], v) for s, v in pending.items()))
+            candidates.append((hash((spec_enc, pend, faults)), r, parts))
         best = min(c[0] for c in candidates)
-        full = [
-            hash((h, encode_core(core, ren, part_map)))
-            for h, _, _, ren, part_map in candidates
-            if h == best
-        ]
-        return min(full)
+        return min(
+            hash((h, self._core_hash(core, r, parts))) for h, r, parts in candidates if h == best
+        )
+
+    def _core_hash(self, core: rc.CoreState, r: int, parts: tuple[str, ...]) -> int:
+        key = (core, r, parts)
+        found = self._cores.get(key)
+        if found is None:
+            if len(self._cores) >= self.limit:
+                self._cores.clear()
+            part_map = dict(zip(self.part_names, parts, strict=True))
+            found = self._cores[key] = hash(encode_core(core, self.renamings[r], part_map))
+        return found
 
     # --- the spec side ----------------------------------------------------------------------
     def _rename_spec(

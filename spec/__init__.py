@@ -3,7 +3,8 @@
 What lives here: the abstract state (``schema``), the actions with their guards and effects
 (``actions``), the safety and quiescence properties (``invariants``), and the small expression
 vocabulary they are all written in (``expr``) together with its concrete interpretation over plain
-Python values. What does not: the implementation (``retire_core``), the Z3 interpretation and the
+Python values (and ``codegen``, the same interpretation compiled to straight-line Python). What
+does not: the implementation (``retire_core``), the Z3 interpretation and the
 explorers (``retire_checks``). Nothing here imports z3, vllm, torch, threads, clocks or I/O.
 """
 
