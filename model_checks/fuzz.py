@@ -14,8 +14,10 @@ mutants).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import hypothesis.strategies as st
@@ -263,6 +265,33 @@ class LockstepMachine(RuleBasedStateMachine):
         assert abstract_control(self.ls.core, self.ls.uni, self.ls.launched) == expected
 
 
+@contextlib.contextmanager
+def fixed_generation() -> Iterator[None]:
+    """Hypothesis (>= 6.131) mixes literal constants mined from every imported local module into
+    its draws, so the examples a derandomized run draws would depend on which modules earlier
+    code happened to import (and on every constant added anywhere in the project). Inside this
+    context the mined pool is empty, so a run depends only on the seed and the machine."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the module mines nothing
+        yield
+        return
+    mine = getattr(providers, "_get_local_constants", None)
+    if mine is None or not hasattr(providers, "CONSTANTS_CACHE"):
+        yield  # an older Hypothesis: nothing is mined
+        return
+    from hypothesis.internal.constants_ast import constants_from_module
+
+    own = constants_from_module(sys.modules[__name__])
+    providers.CONSTANTS_CACHE.cache.clear()
+    providers._get_local_constants = lambda: own
+    try:
+        yield
+    finally:
+        providers._get_local_constants = mine
+        providers.CONSTANTS_CACHE.cache.clear()
+
+
 def run_machine(
     step_fn: Callable[[rc.CoreState, Any], rc.Step] = rc.step,
     max_examples: int = 200,
@@ -284,7 +313,8 @@ def run_machine(
         phases=[Phase.explicit, Phase.reuse, Phase.generate, *([Phase.shrink] if shrink else [])],
     )
     try:
-        test("runTest").runTest()
+        with fixed_generation():
+            test("runTest").runTest()
     except BaseException as err:
         return err
     return None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from hypothesis import HealthCheck, settings
 
 from retire_checks import fuzz
@@ -15,6 +18,14 @@ TestLockstep.settings = settings(
     database=None,  # no example database: every checkout runs exactly the same examples
     suppress_health_check=list(HealthCheck),
 )
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _same_examples_whatever_ran_before() -> Iterator[None]:
+    with fuzz.fixed_generation():
+        yield
+
 
 RARE_PATHS = (
     "transition:certify",
