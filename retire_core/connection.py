@@ -20,7 +20,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import structlog
-from structlog._config import _CONFIG, BoundLoggerLazyProxy
 
 from retire_core.commands import Command
 from retire_core.events import Event
@@ -32,12 +31,13 @@ LOGGER_NAME = "retire.core"
 
 
 def _config_key() -> tuple[Any, ...]:
-    """What a lazy structlog proxy's bound logger is assembled from."""
+    """What structlog's default (lazy) logger is assembled from."""
+    config = structlog.get_config()
     return (
-        _CONFIG.default_processors,
-        _CONFIG.default_wrapper_class,
-        _CONFIG.default_context_class,
-        _CONFIG.logger_factory,
+        config["processors"],
+        config["wrapper_class"],
+        config["context_class"],
+        config["logger_factory"],
     )
 
 
@@ -53,7 +53,8 @@ class Retire:
     ) -> None:
         self._state = state if state is not None else CoreState(ledger_size=ledger_size)
         self._log = logger if logger is not None else structlog.get_logger(LOGGER_NAME)
-        self._lazy = isinstance(self._log, BoundLoggerLazyProxy)
+        # structlog's default logger is a lazy proxy: re-resolve it when structlog is reconfigured
+        self._lazy = logger is None
         self._log_key: tuple[Any, ...] | None = None
         self._log_info: Any = None  # the bound ``info`` method, or None when INFO is off
         self._seq = 0

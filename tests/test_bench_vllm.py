@@ -79,7 +79,11 @@ def test_short_replay_both_systems(short_trace: Path, tmp_path: Path) -> None:
 
     assert facade_available(), "retire_vllm.facade (issue 4) is needed for the Retire arm"
     trace, _ = R.load(short_trace)
-    cfg = R.ReplayConfig(reps=1, consumer_delay_s=0.1, engine_overrides={"num_blocks": 256})
+    # Twice the trace's time scale: a final version must get its first token before the next
+    # burst revises it, and a loaded CI machine should not be able to take that away.
+    cfg = R.ReplayConfig(
+        reps=1, time_scale=2.0, consumer_delay_s=0.1, engine_overrides={"num_blocks": 256}
+    )
     doc, results = R.replay(trace, ["native", "native_stop_reading", "retire"], cfg)
     retire = doc["retire"]
     assert retire["obsolete_tokens"] == 0, retire["per_run"]
