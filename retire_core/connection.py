@@ -23,9 +23,10 @@ import structlog
 
 from retire_core.commands import Command
 from retire_core.events import Event
-from retire_core.machine import BatchStep, Step, step, step_many
+from retire_core.machine import _apply, run_batch
 from retire_core.state import CoreState, ScopeRecord
 from retire_core.transitions import Transition
+from retire_core.txn import Txn
 
 LOGGER_NAME = "retire.core"
 
@@ -86,13 +87,16 @@ class Retire:
 
     def handle(self, event: Event) -> list[Command]:
         """Apply one event. Raises a ``RetireError`` (and changes nothing) on bad input."""
-        result: Step = step(self._state, event)
-        self._state = result.state
-        transitions = result.transitions
-        self.last_transitions = transitions
+        txn = Txn(self._state)  # ``machine.step``, without building a ``Step``
+        _apply(txn, event)
+        self._state = txn.freeze()
+        transitions = txn.transitions
         if transitions:
+            self.last_transitions = tuple(transitions)
             self._write(self._info(), transitions, type(event).__name__)
-        return list(result.commands)
+        else:
+            self.last_transitions = ()
+        return txn.commands  # a fresh list, the caller's to keep
 
     def handle_batch(self, events: Iterable[Event]) -> list[Command]:
         """Apply several events in order, exactly as ``handle`` one by one would (the same final
@@ -100,22 +104,27 @@ class Retire:
         the per-call cost once. If any event is bad input, its ``RetireError`` is raised and
         *nothing* of the batch takes effect: no state change, no log line. Afterwards
         ``last_transitions`` holds the transitions of the whole batch."""
-        batch = events if isinstance(events, (list, tuple)) else list(events)
-        result: BatchStep = step_many(self._state, batch)
-        self._state = result.state
-        transitions = result.transitions
-        self.last_transitions = transitions
-        if transitions:
-            info = self._info()
-            if info is None:
-                self._seq += len(transitions)
-            else:
-                i = 0
-                for event, n in zip(batch, result.counts, strict=True):
-                    if n:
-                        self._write(info, transitions[i : i + n], type(event).__name__)
-                        i += n
-        return list(result.commands)
+        batch = events if type(events) is list or type(events) is tuple else list(events)
+        # ``self._info()``, without the call once a given logger has been resolved
+        info = self._log_info if self._log_key is not None and not self._lazy else self._info()
+        if info is None:  # nobody reads the lines: no per-event counts, just the numbering
+            txn = run_batch(self._state, batch)
+            self._state = txn.freeze()
+            transitions = txn.transitions
+            self._seq += len(transitions)
+            self.last_transitions = tuple(transitions)
+            return txn.commands  # a fresh list, the caller's to keep
+        counts: list[int] = []
+        txn = run_batch(self._state, batch, counts)
+        self._state = txn.freeze()
+        transitions = txn.transitions
+        self.last_transitions = tuple(transitions)
+        i = 0
+        for event, n in zip(batch, counts, strict=True):
+            if n:
+                self._write(info, transitions[i : i + n], type(event).__name__)
+                i += n
+        return txn.commands
 
     def snapshot(self) -> CoreState:
         return self._state

@@ -10,9 +10,11 @@ event never reaches the state machine. What the core answers lives in ``commands
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import attrs
 
+from retire_core import ids
 from retire_core.contract import DEFAULT_CONTRACT, Contract
 from retire_core.ids import (
     BlockKey,
@@ -34,8 +36,15 @@ class FrameKind(enum.Enum):
     INSTALL = "install"  # transferred or inherited state about to be installed
 
 
+# Field validators. Each inlines the common case (a name already accepted, a non-negative
+# int) and leaves everything else to the ``check_*`` helper, which raises the same errors as
+# always: events are built several times per engine step.
+_ACCEPTED = ids._ACCEPTED
+
+
 def _scope(_: object, __: object, v: str) -> None:
-    check_name(v, "scope")
+    if v.__class__ is not str or v not in _ACCEPTED:
+        check_name(v, "scope")
 
 
 def _tenant(_: object, __: object, v: str) -> None:
@@ -43,23 +52,43 @@ def _tenant(_: object, __: object, v: str) -> None:
 
 
 def _participant(_: object, __: object, v: str) -> None:
-    check_name(v, "participant")
+    if v.__class__ is not str or v not in _ACCEPTED:
+        check_name(v, "participant")
 
 
 def _version(_: object, __: object, v: int) -> None:
-    check_number(v, "version")
+    if v.__class__ is not int or v < 0:
+        check_number(v, "version")
 
 
 def _page(_: object, __: object, v: int) -> None:
-    check_number(v, "page")
+    if v.__class__ is not int or v < 0:
+        check_number(v, "page")
 
 
 def _frame(_: object, __: object, v: int) -> None:
-    check_number(v, "frame")
+    if v.__class__ is not int or v < 0:
+        check_number(v, "frame")
 
 
 def _context(_: object, __: object, v: tuple[BlockKey, ...]) -> None:
     check_context(v)
+
+
+_frame_kind = attrs.validators.instance_of(FrameKind)
+
+
+def _kind(inst: object, attribute: Any, v: FrameKind) -> None:
+    if v.__class__ is not FrameKind:
+        _frame_kind(inst, attribute, v)  # raises attrs' usual TypeError
+
+
+_is_bool = attrs.validators.instance_of(bool)
+
+
+def _completes(inst: object, attribute: Any, v: bool) -> None:
+    if v is not True and v is not False:
+        _is_bool(inst, attribute, v)  # raises attrs' usual TypeError
 
 
 @attrs.frozen(slots=True)
@@ -126,7 +155,7 @@ class FrameArrived:
     scope: ScopeId = attrs.field(validator=_scope)
     version: Version = attrs.field(validator=_version)
     frame: FrameId = attrs.field(validator=_frame)
-    kind: FrameKind = attrs.field(validator=attrs.validators.instance_of(FrameKind))
+    kind: FrameKind = attrs.field(validator=_kind)
 
 
 @attrs.frozen(slots=True)
@@ -149,7 +178,7 @@ class WriteAttempted:
     version: Version = attrs.field(validator=_version)
     participant: ParticipantId = attrs.field(validator=_participant)
     page: PageId = attrs.field(validator=_page)
-    completes: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    completes: bool = attrs.field(default=True, validator=_completes)
 
 
 @attrs.frozen(slots=True)

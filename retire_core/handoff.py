@@ -12,14 +12,12 @@ is decided here and nowhere else.
 
 from __future__ import annotations
 
-import attrs
-
 from retire_core.commands import Admit, Adopt, CertEntry, Certificate, PinCertified, Unpin
 from retire_core.contract import ReusePolicy
 from retire_core.errors import ReportMismatchError
 from retire_core.events import AdoptionReport
 from retire_core.ids import PageId, ScopeId
-from retire_core.state import PageRecord, ScopeRecord, ScopeState
+from retire_core.state import PageRecord, ScopeRecord, ScopeState, evolve
 from retire_core.transitions import Stage
 from retire_core.txn import Txn
 
@@ -29,7 +27,7 @@ def _candidates(
 ) -> dict[int, list[tuple[PageId, PageRecord]]]:
     by_position: dict[int, list[tuple[PageId, PageRecord]]] = {}
     n = len(rec.context)
-    for p, page in txn.pages.items():
+    for p, page in txn.read_pages().items():
         if (
             page.owner == scope
             and page.version < rec.epoch
@@ -63,7 +61,7 @@ def longest_certifiable_prefix(
 
 def admit(txn: Txn, scope: ScopeId, adopted_blocks: int, cold: bool) -> None:
     rec = txn.scopes[scope]
-    txn.scopes[scope] = attrs.evolve(rec, state=ScopeState.ACTIVE, admitted=True, certificate=None)
+    txn.scopes[scope] = evolve(rec, state=ScopeState.ACTIVE, admitted=True, certificate=None)
     txn.emit(Admit(scope, rec.epoch, adopted_blocks, cold))
     txn.record(
         "resume",
@@ -78,7 +76,7 @@ def admit(txn: Txn, scope: ScopeId, adopted_blocks: int, cold: bool) -> None:
 
 def certify_prefix(txn: Txn, scope: ScopeId) -> None:
     """ALIGN for a scope whose successor is pending (no-op otherwise)."""
-    rec = txn.scopes[scope]
+    rec = txn.read_scope(scope)
     if rec.state is not ScopeState.ALIGNING or rec.certificate is not None:
         return
     if not rec.contract.allows_reuse:
@@ -96,7 +94,7 @@ def certify_prefix(txn: Txn, scope: ScopeId) -> None:
     entries = []
     for p, page in chain:
         assert page.digest is not None  # full and writer-closed pages carry their digest
-        txn.pages[p] = attrs.evolve(page, pinned=True)
+        txn.pages[p] = evolve(page, pinned=True)
         entry = CertEntry(
             p, page.position, page.generation, page.prefix or 0, page.fingerprint, page.digest
         )
@@ -113,22 +111,22 @@ def certify_prefix(txn: Txn, scope: ScopeId) -> None:
             digest=page.digest,
         )
     certificate = Certificate(scope, rec.epoch, tuple(entries))
-    txn.scopes[scope] = attrs.evolve(rec, certificate=certificate)
+    txn.scopes[scope] = evolve(rec, certificate=certificate)
     txn.emit(PinCertified(certificate))
 
 
 def release_certificate(txn: Txn, scope: ScopeId, reason: str) -> None:
     """Drop every pin of the scope's pending certificate (chain collapse, cancel)."""
-    rec = txn.scopes[scope]
+    rec = txn.read_scope(scope)
     if rec.certificate is None:
         return
     released = []
     for entry in rec.certificate.entries:
         page = txn.pages.get(entry.page)
         if page is not None and page.pinned:
-            txn.pages[entry.page] = attrs.evolve(page, pinned=False)
+            txn.pages[entry.page] = evolve(page, pinned=False)
             released.append(entry.page)
-    txn.scopes[scope] = attrs.evolve(rec, certificate=None)
+    txn.scopes[scope] = evolve(rec, certificate=None)
     if released:
         txn.emit(Unpin(tuple(released), reason))
 
@@ -160,7 +158,7 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
         if page is None:
             continue
         if failure is None:
-            txn.pages[entry.page] = attrs.evolve(page, version=rec.epoch, held=True, pinned=False)
+            txn.pages[entry.page] = evolve(page, version=rec.epoch, held=True, pinned=False)
             adopted.append(entry.page)
             txn.record(
                 "adopt",
@@ -172,7 +170,7 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
                 position=entry.position,
             )
         elif page.pinned:
-            txn.pages[entry.page] = attrs.evolve(page, pinned=False)
+            txn.pages[entry.page] = evolve(page, pinned=False)
             released.append(entry.page)
             txn.record(
                 "release",

@@ -16,13 +16,13 @@ from retire_core.txn import Txn
 
 
 def classify_late(txn: Txn, scope: ScopeId, version: Version) -> str:
-    rec = txn.scopes[scope]
+    rec = txn.read_scope(scope)  # reads only: nothing is thawed
     if rec.state is ScopeState.CANCELLED and version == rec.epoch:
         return "scope_cancelled"
     if any(r.version == version for r in rec.participants.values()) or any(
-        p.owner == scope and p.version == version for p in txn.pages.values()
+        p.owner == scope and p.version == version for p in txn.read_pages().values()
     ):
         return "retired_draining"
-    if (scope, version) in txn.ledger:
+    if (scope, version) in txn.read_ledger():
         return "retired_drained"
     return "retired_expired"

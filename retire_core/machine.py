@@ -6,14 +6,17 @@ and the transitions taken. Any ``RetireError`` raised on the way leaves the inpu
 was (the ``Txn`` is thrown away). Handlers implement ADVANCE, FENCE, launches, receipts, frames,
 page events and reports; they call ``gates`` for the two gates, ``handoff`` for ALIGN/RESUME and
 ``reclaim`` for RECLAIM, and classify late events of retired versions instead of failing on them.
+``step_many`` / ``run_batch`` feed several events through one ``Txn``. The hot handlers (frames,
+write checks, allocations) spell out what ``txn.emit``/``txn.record`` would do; events that
+``TABLE`` accepts in every state of a submitted scope are dispatched without the table lookup
+(the mapping is read off ``TABLE`` at import, and handlers are still looked up by name in
+``_SCOPE_HANDLERS`` on every event).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
-
-import attrs
+from typing import Any, NamedTuple
 
 from retire_core import handoff, reclaim
 from retire_core.commands import Admit, AllowWrite, Command, Drop, Fence, FenceWrite, Publish
@@ -53,17 +56,46 @@ from retire_core.state import (
     ParticipantRecord,
     ScopeRecord,
     ScopeState,
+    evolve,
 )
 from retire_core.table import TABLE, refusal
 from retire_core.transitions import Stage, Transition
 from retire_core.txn import Txn
 
 
-@attrs.frozen(slots=True)
-class Step:
+class Step(NamedTuple):
     state: CoreState
     commands: tuple[Command, ...]
     transitions: tuple[Transition, ...]
+
+
+_tuple_new = tuple.__new__
+# Enum members read through the class cost an attribute lookup on the enum type each time.
+_PUBLISH_STAGE, _RUN_STAGE, _FENCE_STAGE = Stage.PUBLISH, Stage.RUN, Stage.FENCE
+
+# ``AllowWrite`` is immutable and the same (page, participant) pair is allowed over and over
+# (every write of a block being filled): hand out one instance per pair (bounded).
+_ALLOW_WRITE: dict[tuple[int, str], AllowWrite] = {}
+_ALLOW_WRITE_MAX = 1 << 14
+
+
+# ``Publish(frame, scope, version, kind)`` without the attrs ``__init__`` (no validators, no
+# hooks: the same frozen instance, field by field through the slots' own setters). One per
+# frame of the current version: the core's most frequent command.
+_new_object = object.__new__
+_SET_FRAME, _SET_SCOPE, _SET_VERSION, _SET_KIND = (
+    Publish.__dict__[name].__set__ for name in ("frame", "scope", "version", "kind")
+)
+
+
+def _allow_write(page: int, participant: str) -> AllowWrite:
+    key = (page, participant)
+    command = _ALLOW_WRITE.get(key)
+    if command is None:
+        if len(_ALLOW_WRITE) >= _ALLOW_WRITE_MAX:
+            _ALLOW_WRITE.clear()
+        command = _ALLOW_WRITE[key] = AllowWrite(page, participant)
+    return command
 
 
 def _no_future(rec: ScopeRecord, scope: ScopeId, version: Version, what: str) -> None:
@@ -75,7 +107,7 @@ def _no_future(rec: ScopeRecord, scope: ScopeId, version: Version, what: str) ->
 
 def _set_participant(txn: Txn, scope: ScopeId, q: str, record: ParticipantRecord) -> None:
     rec = txn.scopes[scope]
-    txn.scopes[scope] = attrs.evolve(rec, participants=rec.participants.set(q, record))
+    txn.scopes[scope] = evolve(rec, participants=rec.participants.set(q, record))
 
 
 # --- user requests ----------------------------------------------------------------------
@@ -110,7 +142,7 @@ def on_supersede(txn: Txn, ev: Supersede) -> None:
     old = rec.epoch
     handoff.release_certificate(txn, ev.scope, "superseded_before_adoption")
     rec = txn.scopes[ev.scope]
-    txn.scopes[ev.scope] = attrs.evolve(
+    txn.scopes[ev.scope] = evolve(
         rec,
         state=ScopeState.ALIGNING,
         epoch=old + 1,
@@ -145,20 +177,20 @@ def _fence_running(txn: Txn, scope: ScopeId, below: Version) -> None:
 
 def on_pause(txn: Txn, ev: Pause) -> None:
     rec = txn.scopes[ev.scope]
-    txn.scopes[ev.scope] = attrs.evolve(rec, state=ScopeState.PAUSED)
+    txn.scopes[ev.scope] = evolve(rec, state=ScopeState.PAUSED)
     txn.record("pause", Stage.CONTROL, ev.scope, rec.epoch, changed={"state": ScopeState.PAUSED})
 
 
 def on_unpause(txn: Txn, ev: Unpause) -> None:
     rec = txn.scopes[ev.scope]
-    txn.scopes[ev.scope] = attrs.evolve(rec, state=ScopeState.ACTIVE)
+    txn.scopes[ev.scope] = evolve(rec, state=ScopeState.ACTIVE)
     txn.record("unpause", Stage.CONTROL, ev.scope, rec.epoch, changed={"state": ScopeState.ACTIVE})
 
 
 def on_cancel(txn: Txn, ev: Cancel) -> None:
     handoff.release_certificate(txn, ev.scope, "cancelled")
     rec = txn.scopes[ev.scope]
-    txn.scopes[ev.scope] = attrs.evolve(rec, state=ScopeState.CANCELLED, admitted=False)
+    txn.scopes[ev.scope] = evolve(rec, state=ScopeState.CANCELLED, admitted=False)
     txn.record(
         "cancel",
         Stage.ADVANCE,
@@ -237,25 +269,40 @@ def on_receipt(txn: Txn, ev: Receipt) -> None:
 
 
 def on_frame(txn: Txn, ev: FrameArrived) -> None:
-    scope, version, frame, kind = ev.scope, ev.version, ev.frame, ev.kind
-    rec = txn.read_scope(scope)
+    scope, version, kind = ev.scope, ev.version, ev.kind
+    rec = txn.rscopes[scope]
     if version > rec.epoch:
         _no_future(rec, scope, version, "FrameArrived")
     publish, reason = publication_gate(rec, version, kind)
     if publish:
         # The hottest path of all (every frame of the current version): ``txn.emit`` and
         # ``txn.record("publish", ..., frame=..., kind=...)`` spelled out.
-        txn.commands.append(Publish(frame, scope, version, kind))
+        frame = ev.frame
+        command = _new_object(Publish)  # Publish(frame, scope, version, kind), spelled out
+        _SET_FRAME(command, frame)
+        _SET_SCOPE(command, scope)
+        _SET_VERSION(command, version)
+        _SET_KIND(command, kind)
+        txn.commands.append(command)
         txn.transitions.append(
-            Transition("publish", Stage.PUBLISH, scope, version, (("frame", frame), ("kind", kind)))
+            _tuple_new(
+                Transition,
+                (
+                    "publish",
+                    _PUBLISH_STAGE,
+                    scope,
+                    version,
+                    (("frame", frame), ("kind", kind)),
+                    (),
+                    None,
+                ),
+            )
         )
         return
-    why = classify_late(txn, ev.scope, ev.version) if reason == "retired_version" else reason
+    why = classify_late(txn, scope, version) if reason == "retired_version" else reason
     assert why is not None
-    txn.emit(Drop(ev.frame, ev.scope, ev.version, ev.kind, why))
-    txn.record(
-        "drop", Stage.PUBLISH, ev.scope, ev.version, reason=why, frame=ev.frame, kind=ev.kind
-    )
+    txn.emit(Drop(ev.frame, scope, version, kind, why))
+    txn.record("drop", Stage.PUBLISH, scope, version, reason=why, frame=ev.frame, kind=kind)
 
 
 def _running_participant(txn: Txn, scope: ScopeId, version: Version, q: str, what: str) -> None:
@@ -269,59 +316,71 @@ def _running_participant(txn: Txn, scope: ScopeId, version: Version, q: str, wha
 
 
 def on_page_allocated(txn: Txn, ev: PageAllocated) -> None:
-    rec = txn.scopes[ev.scope]
-    _no_future(rec, ev.scope, ev.version, "PageAllocated")
-    _running_participant(txn, ev.scope, ev.version, ev.participant, "PageAllocated")
-    if ev.page in txn.pages:
-        owner = txn.pages[ev.page]
-        raise PageInUseError(f"page {ev.page} is still allocated to {owner.owner}@{owner.version}")
-    authority = rec.has_authority(ev.version) and rec.admitted
-    prefix = rec.context[ev.position] if authority and ev.position < len(rec.context) else None
-    generation = txn.generations.get(ev.page, 0) + 1
-    txn.generations[ev.page] = generation
-    txn.pages[ev.page] = PageRecord(
-        owner=ev.scope,
-        version=ev.version,
-        participant=ev.participant,
-        generation=generation,
-        position=ev.position,
-        prefix=prefix,
-        fingerprint=rec.fingerprint,
-    )
-    txn.record(
-        "allocate",
-        Stage.RUN,
-        ev.scope,
-        ev.version,
-        changed={"generation": generation},
-        page=ev.page,
-        participant=ev.participant,
-        position=ev.position,
-        inheritable=prefix is not None,
+    scope, version, q, p, position = ev.scope, ev.version, ev.participant, ev.page, ev.position
+    rec = txn.rscopes[scope]  # read only: the scope record does not change
+    if version > rec.epoch:
+        _no_future(rec, scope, version, "PageAllocated")
+    part = rec.participants._d.get(q)
+    if part is None or part.version != version or part.closed:
+        _running_participant(txn, scope, version, q, "PageAllocated")  # raises
+    owner = txn.rpages.get(p)
+    if owner is not None:
+        raise PageInUseError(f"page {p} is still allocated to {owner.owner}@{owner.version}")
+    authority = rec.has_authority(version) and rec.admitted
+    prefix = rec.context[position] if authority and position < len(rec.context) else None
+    generations = txn.generations
+    generation = generations.get(p, 0) + 1
+    generations[p] = generation
+    txn.pages[p] = PageRecord(scope, version, q, generation, position, prefix, rec.fingerprint)
+    # ``txn.record("allocate", ..., changed={"generation": ...}, page=..., participant=...,
+    # position=..., inheritable=...)`` spelled out
+    txn.transitions.append(
+        _tuple_new(
+            Transition,
+            (
+                "allocate",
+                _RUN_STAGE,
+                scope,
+                version,
+                (
+                    ("page", p),
+                    ("participant", q),
+                    ("position", position),
+                    ("inheritable", prefix is not None),
+                ),
+                (("generation", generation),),
+                None,
+            ),
+        )
     )
 
 
 def on_write(txn: Txn, ev: WriteAttempted) -> None:
-    rec = txn.read_scope(ev.scope)
-    _no_future(rec, ev.scope, ev.version, "WriteAttempted")
-    _running_participant(txn, ev.scope, ev.version, ev.participant, "WriteAttempted")
-    page = txn.read_page(ev.page)
-    allowed, reason = write_gate(page, ev.scope, ev.version, ev.participant)
+    scope, version, q, p = ev.scope, ev.version, ev.participant, ev.page
+    rec = txn.rscopes[scope]
+    if version > rec.epoch:
+        _no_future(rec, scope, version, "WriteAttempted")
+    part = rec.participants._d.get(q)
+    if part is None or part.version != version or part.closed:
+        _running_participant(txn, scope, version, q, "WriteAttempted")  # raises
+    page = txn.rpages.get(p)
+    allowed, reason = write_gate(page, scope, version, q)
+    completes = ev.completes
     if not allowed or page is None:
-        txn.emit(FenceWrite(ev.page, ev.participant, reason or "page_not_allocated"))
+        txn.emit(FenceWrite(p, q, reason or "page_not_allocated"))
         txn.record(
             "fence_write",
             Stage.FENCE,
-            ev.scope,
-            ev.version,
+            scope,
+            version,
             reason=reason,
-            page=ev.page,
-            participant=ev.participant,
-            completes=ev.completes,
+            page=p,
+            participant=q,
+            completes=completes,
         )
         return
-    if page.full != ev.completes:  # else the record would not change: leave the map alone
-        txn.pages[ev.page] = PageRecord(  # attrs.evolve(page, full=ev.completes), spelled out
+    if page.full != completes:  # else the record would not change: leave the map alone
+        txn.pages[p] = PageRecord(  # evolve(page, full=completes), spelled out
             page.owner,
             page.version,
             page.participant,
@@ -330,21 +389,27 @@ def on_write(txn: Txn, ev: WriteAttempted) -> None:
             page.prefix,
             page.fingerprint,
             page.writer_open,
-            ev.completes,
+            completes,
             page.digest,
             page.held,
             page.pinned,
         )
-    txn.emit(AllowWrite(ev.page, ev.participant))
-    txn.record(
-        "write",
-        Stage.RUN,
-        ev.scope,
-        ev.version,
-        changed={"full": ev.completes},
-        page=ev.page,
-        participant=ev.participant,
-        completes=ev.completes,
+    # ``txn.emit(AllowWrite(...))`` and ``txn.record("write", ..., changed={"full": ...},
+    # page=..., participant=..., completes=...)`` spelled out.
+    txn.commands.append(_allow_write(p, q))
+    txn.transitions.append(
+        _tuple_new(
+            Transition,
+            (
+                "write",
+                _RUN_STAGE,
+                scope,
+                version,
+                (("page", p), ("participant", q), ("completes", completes)),
+                (("full", completes),),
+                None,
+            ),
+        )
     )
 
 
@@ -380,37 +445,47 @@ def _tracked_page(txn: Txn, page: int, what: str) -> PageRecord:
 
 
 def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
-    page = _tracked_page(txn, ev.page, "WriterClosed")
+    p, digest = ev.page, ev.digest
+    pages = txn.pages
+    page = pages.get(p)
+    if page is None:
+        _tracked_page(txn, p, "WriterClosed")  # raises
+        return
     if not page.writer_open:
-        raise IllegalTransitionError(
-            "writer_closed", "WriterClosed", f"page {ev.page} is already closed"
-        )
-    txn.pages[ev.page] = PageRecord(  # attrs.evolve(page, writer_open=False, digest=ev.digest)
-        page.owner,
-        page.version,
+        raise IllegalTransitionError("writer_closed", "WriterClosed", f"page {p} is already closed")
+    owner, version, full = page.owner, page.version, page.full
+    pages[p] = PageRecord(  # evolve(page, writer_open=False, digest=digest), spelled out
+        owner,
+        version,
         page.participant,
         page.generation,
         page.position,
         page.prefix,
         page.fingerprint,
         False,
-        page.full,
-        ev.digest,
+        full,
+        digest,
         page.held,
         page.pinned,
     )
-    txn.record(
-        "close_writer",
-        Stage.FENCE,
-        page.owner,
-        page.version,
-        changed={"writer_open": False},
-        page=ev.page,
-        full=page.full,
-        digest=ev.digest,
+    # ``txn.record("close_writer", ..., changed={"writer_open": False}, page=..., full=...,
+    # digest=...)`` spelled out
+    txn.transitions.append(
+        _tuple_new(
+            Transition,
+            (
+                "close_writer",
+                _FENCE_STAGE,
+                owner,
+                version,
+                (("page", p), ("full", full), ("digest", digest)),
+                (("writer_open", False),),
+                None,
+            ),
+        )
     )
-    handoff.certify_prefix(txn, page.owner)
-    reclaim.reclaim(txn, page.owner)
+    handoff.certify_prefix(txn, owner)
+    reclaim.reclaim(txn, owner)
 
 
 def on_page_reused(txn: Txn, ev: PageReused) -> None:
@@ -422,7 +497,7 @@ def on_page_reused(txn: Txn, ev: PageReused) -> None:
         )
     generation = txn.generations.get(ev.page, 0) + 1
     txn.generations[ev.page] = generation
-    txn.pages[ev.page] = attrs.evolve(page, generation=generation)
+    txn.pages[ev.page] = evolve(page, generation=generation)
     txn.record(
         "reuse_id",
         Stage.RECLAIM,
@@ -444,11 +519,33 @@ _EVENT_TYPES = (*SCOPE_EVENTS, WriterClosed, PageReused)
 _SCOPE_EVENT_TYPES = frozenset(SCOPE_EVENTS)
 
 
+def _legal_in_every_state() -> dict[type, str]:
+    """Scope events that ``TABLE`` accepts in every state of a submitted scope, with their
+    handler's name: for those the table lookup (keyed on an enum, whose hash is computed in
+    Python every time) can be skipped once the scope is known to exist."""
+    out: dict[type, str] = {}
+    for cls in SCOPE_EVENTS:
+        names = {TABLE.get((s, cls)) for s in ScopeState}
+        if len(names) == 1 and None not in names and (None, cls) not in TABLE:
+            out[cls] = names.pop()  # type: ignore[assignment]
+    return out
+
+
+_EVERY_STATE: dict[type, str] = _legal_in_every_state()
+
+
 def _apply(txn: Txn, event: Event) -> None:
     """Dispatch one event on the (scope state, event type) table and run its handler."""
     cls = type(event)
-    if cls in _SCOPE_EVENT_TYPES:  # the common case, without walking the isinstance chain
+    name = _EVERY_STATE.get(cls)
+    if name is not None:  # the common case: legal in any state of a submitted scope
         scope: str = event.scope  # type: ignore[union-attr]
+        if scope in txn.rscopes:
+            _SCOPE_HANDLERS[name](txn, event)
+            return
+        raise refusal(None, cls, scope)
+    if cls in _SCOPE_EVENT_TYPES:
+        scope = event.scope  # type: ignore[union-attr]
         rec = txn.scope_record(scope)
         key = (rec.state if rec is not None else None, cls)
         handler = TABLE.get(key)
@@ -478,11 +575,10 @@ def step(state: CoreState, event: Event) -> Step:
     """Feed one event; return the next state, the commands and the transitions taken."""
     txn = Txn(state)
     _apply(txn, event)
-    return Step(txn.freeze(), tuple(txn.commands), tuple(txn.transitions))
+    return _tuple_new(Step, (txn.freeze(), tuple(txn.commands), tuple(txn.transitions)))
 
 
-@attrs.frozen(slots=True)
-class BatchStep:
+class BatchStep(NamedTuple):
     """What ``step_many`` did: the state after the last event, every command and transition in
     order, and how many of those transitions each event took (``counts[i]`` for ``events[i]``)."""
 
@@ -492,21 +588,48 @@ class BatchStep:
     counts: tuple[int, ...]
 
 
+def run_batch(state: CoreState, events: Iterable[Event], counts: list[int] | None = None) -> Txn:
+    """The work of ``step_many``, for ``Retire.handle_batch``: feed the events in order into one
+    ``Txn`` and return it unfrozen (``counts``, when given, receives the number of transitions
+    of each event). Raises (and the caller discards the ``Txn``) if any event does."""
+    txn = Txn(state)
+    # ``step`` bounds the ledger after every event: only a ledger the batch has touched (or a
+    # hand-built state's over-long one) can need it.
+    trim = len(state.ledger) > state.ledger_size
+    if counts is None:
+        every, handlers = _EVERY_STATE, _SCOPE_HANDLERS
+        for event in events:
+            # ``_apply``'s common case spelled out (the facade's frames and write checks)
+            name = every.get(type(event))
+            if name is not None and event.scope in txn.rscopes:  # type: ignore[union-attr]
+                handlers[name](txn, event)
+            else:
+                _apply(txn, event)
+            if trim or txn._ledger is not None:
+                txn.trim_ledger()
+        return txn
+    transitions = txn.transitions
+    before = 0
+    for event in events:
+        _apply(txn, event)
+        if trim or txn._ledger is not None:
+            txn.trim_ledger()
+        after = len(transitions)
+        counts.append(after - before)
+        before = after
+    return txn
+
+
 def step_many(state: CoreState, events: Iterable[Event]) -> BatchStep:
     """Feed several events in order, exactly as ``step`` one after the other would (same final
     state, commands, transitions), building one ``Txn`` for all of them. If any event raises,
     the error propagates and nothing of the batch takes effect (``state`` is untouched)."""
-    txn = Txn(state)
-    transitions = txn.transitions
     counts: list[int] = []
-    before = 0
-    for event in events:
-        _apply(txn, event)
-        txn.trim_ledger()  # ``step`` bounds the ledger after every event
-        after = len(transitions)
-        counts.append(after - before)
-        before = after
-    return BatchStep(txn.freeze(), tuple(txn.commands), tuple(transitions), tuple(counts))
+    txn = run_batch(state, events, counts)
+    return _tuple_new(
+        BatchStep,
+        (txn.freeze(), tuple(txn.commands), tuple(txn.transitions), tuple(counts)),
+    )
 
 
-__all__ = ["BatchStep", "Step", "step", "step_many"]
+__all__ = ["BatchStep", "Step", "run_batch", "step", "step_many"]

@@ -10,67 +10,86 @@ writer closure or adoption makes progress possible, and never frees a pinned or 
 
 from __future__ import annotations
 
-import attrs
-
 from retire_core.commands import Free
 from retire_core.frozen import FrozenMap
 from retire_core.ids import ScopeId
-from retire_core.state import ScopeState
+from retire_core.state import ScopeRecord, ScopeState, evolve
 from retire_core.transitions import Stage
-from retire_core.txn import Txn
+from retire_core.txn import PageDict, Txn
+
+_CANCELLED = ScopeState.CANCELLED
 
 
 def reclaim(txn: Txn, scope: ScopeId) -> None:
-    rec = txn.scopes[scope]
-    cancelled = rec.state is ScopeState.CANCELLED
-    epoch = rec.epoch
-    if (
-        not cancelled
-        and all(r.version >= epoch for r in rec.participants.values())
-        and not any(
-            page.owner == scope and (page.version < epoch or not page.held)
-            for page in txn.read_pages().values()
-        )
-    ):
-        # Nothing of this scope is obsolete (no retired version has a participant or a page)
-        # and every page of it is held: the full pass below would unhold, free and forget
-        # nothing, in any state. Skip it, and leave the page map unthawed.
+    rec = txn.read_scope(scope)
+    pages = txn.rpages
+    changes = pages.changes if isinstance(pages, PageDict) else 0
+    memo = txn.clean.get(scope)
+    if memo is not None and memo[0] is rec and memo[1] is pages and memo[2] == changes:
+        # Checked clean earlier in this step (or batch), and since then neither the scope's
+        # record nor any page's owner, version or ``held`` flag has changed, and no page has
+        # been added: it is still clean (a batch of writer closures pays the scan once).
         return
-    pages = txn.pages
-    mine = sorted(p for p, page in pages.items() if page.owner == scope)
+    cancelled = rec.state is _CANCELLED
+    epoch = rec.epoch
+    mine = [p for p, page in pages.items() if page.owner == scope]
+    if not cancelled and all(r.version >= epoch for r in rec.participants.values()):
+        for p in mine:
+            page = pages[p]
+            if page.version < epoch or not page.held:
+                break
+        else:
+            # Nothing of this scope is obsolete (no retired version has a participant or a
+            # page) and every page of it is held: the full pass below would unhold, free and
+            # forget nothing, in any state. Skip it, and leave the page map unthawed.
+            txn.clean[scope] = (rec, pages, changes)
+            return
+    mine.sort()
+    drained: dict[int, bool] = {}  # ``rec.drained(v)``, asked once per version
     freed = []
+    # Read through the current view; the page map is thawed only when a page changes.
     for p in mine:
-        page = pages[p]
-        obsolete = cancelled or page.version < epoch
-        if page.held and obsolete and not page.writer_open and rec.drained(page.version):
-            page = attrs.evolve(page, held=False)
-            pages[p] = page
-            txn.record(
-                "unhold", Stage.RECLAIM, scope, page.version, changed={"held": False}, page=p
-            )
+        page = txn.rpages[p]
+        if page.held and (cancelled or page.version < epoch) and not page.writer_open:
+            v = page.version
+            done = drained.get(v)
+            if done is None:
+                done = drained[v] = rec.drained(v)
+            if done:
+                page = evolve(page, held=False)
+                txn.pages[p] = page
+                txn.record("unhold", Stage.RECLAIM, scope, v, changed={"held": False}, page=p)
         if not page.held and not page.pinned:
-            del pages[p]
+            del txn.pages[p]
             freed.append(p)
             txn.record("free", Stage.RECLAIM, scope, page.version, page=p)
     if freed:
         txn.emit(Free(tuple(freed)))
-    _forget_drained_versions(txn, scope, {pages[p].version for p in mine if p in pages})
+    pages = txn.rpages
+    live = {pages[p].version for p in mine if p in pages}
+    _forget_drained_versions(txn, scope, rec, live, drained)
 
 
-def _forget_drained_versions(txn: Txn, scope: ScopeId, live_versions: set[int]) -> None:
+def _forget_drained_versions(
+    txn: Txn, scope: ScopeId, rec: ScopeRecord, live_versions: set[int], drained: dict[int, bool]
+) -> None:
     """Move drained retired versions of ``scope`` with no page left (``live_versions``: the
-    versions of the scope's remaining pages) to the ledger."""
-    rec = txn.scopes[scope]
-    cancelled = rec.state is ScopeState.CANCELLED
-    versions = {r.version for r in rec.participants.values()}
-    gone = sorted(
-        v
-        for v in versions
-        if (cancelled or v < rec.epoch) and rec.drained(v) and v not in live_versions
-    )
+    versions of the scope's remaining pages) to the ledger. ``rec`` is the scope's record
+    (RECLAIM changes no scope before this), ``drained`` what it already knows of
+    ``rec.drained``."""
+    cancelled = rec.state is _CANCELLED
+    epoch = rec.epoch
+    gone = []
+    for v in sorted({r.version for r in rec.participants.values()}):
+        if (cancelled or v < epoch) and v not in live_versions:
+            done = drained.get(v)
+            if done is None:
+                done = drained[v] = rec.drained(v)
+            if done:
+                gone.append(v)
     if not gone:
         return
     participants = FrozenMap((q, r) for q, r in rec.participants.items() if r.version not in gone)
-    txn.scopes[scope] = attrs.evolve(rec, participants=participants)
+    txn.scopes[scope] = evolve(rec, participants=participants)
     for v in gone:
         txn.ledger.append((scope, v))

@@ -9,6 +9,8 @@ The rules that change this state live in ``machine``, ``gates``, ``handoff`` and
 from __future__ import annotations
 
 import enum
+import operator
+from typing import Any, TypeVar
 
 import attrs
 
@@ -84,3 +86,25 @@ class CoreState:
     generations: FrozenMap[PageId, int] = attrs.field(factory=_empty)
     ledger: tuple[tuple[ScopeId, Version], ...] = ()  # drained retired versions, newest last
     ledger_size: int = 1024
+
+
+_R = TypeVar("_R", ScopeRecord, PageRecord, ParticipantRecord)
+# Per record class: a getter of every field in order, and each field's position.
+_LAYOUT: dict[type, tuple[Any, dict[str, int]]] = {
+    cls: (
+        operator.attrgetter(*(a.name for a in attrs.fields(cls))),
+        {a.name: i for i, a in enumerate(attrs.fields(cls))},
+    )
+    for cls in (ScopeRecord, PageRecord, ParticipantRecord)
+}
+
+
+def evolve(record: _R, **changes: Any) -> _R:
+    """``attrs.evolve`` for the core's state records (every field an ``__init__`` argument, no
+    validators), several times cheaper: the core evolves a record on most steps."""
+    cls = type(record)
+    getter, index = _LAYOUT[cls]
+    values = list(getter(record))
+    for name, value in changes.items():
+        values[index[name]] = value
+    return cls(*values)

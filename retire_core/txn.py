@@ -3,9 +3,10 @@
 A step thaws the maps it needs into plain dicts, records every change as a ``Transition`` and
 every order to the engine as a command, and freezes the result into a new ``CoreState``. The old
 state is never touched, which is what makes a failed step (an error raised half-way) leave the
-core exactly as it was. Maps are thawed on first use only: a map a step never looks at is handed
-on to the next state as the same (already hashed) ``FrozenMap``. Protocol rules do not live here;
-only the bookkeeping of one step does.
+core exactly as it was. Maps are thawed on first use only: a map a step never looks at, or only
+reads, is handed on to the next state as the same (already hashed) ``FrozenMap``, and a step
+that changes nothing hands back the very same state. Protocol rules do not live here; only the
+bookkeeping of one step does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,42 @@ from retire_core.ids import PageId, ScopeId, Version
 from retire_core.state import CoreState, PageRecord, ScopeRecord
 from retire_core.transitions import Stage, Transition
 
+_tuple_new = tuple.__new__
+
+
+class PageDict(dict[PageId, PageRecord]):
+    """The thawed page map. It counts the writes that could make a page obsolete or unheld for
+    RECLAIM (a new page, or a new owner, version or ``held`` flag), so that RECLAIM's check of
+    a scope can be skipped while nothing it looks at has changed (``Txn.clean``). Removing a
+    page never counts: it cannot make a clean scope unclean. A frozen state keeps the dict
+    it was built in (it is never written again)."""
+
+    changes = 0  # a class default: unpickling fills the items before any instance state
+
+    def __setitem__(self, key: PageId, value: PageRecord) -> None:
+        old = self.get(key)
+        if (
+            old is None
+            or old.held is not value.held
+            or old.version != value.version
+            or old.owner != value.owner
+        ):
+            self.changes += 1
+        dict.__setitem__(self, key, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.changes += 1
+        dict.update(self, *args, **kwargs)
+
+    def setdefault(self, key: PageId, default: Any = None) -> Any:
+        self.changes += 1
+        return dict.setdefault(self, key, default)
+
+    def __ior__(self, other: Any) -> PageDict:  # type: ignore[override,misc]
+        self.changes += 1
+        dict.update(self, other)
+        return self
+
 
 class Txn:
     __slots__ = (
@@ -26,8 +63,10 @@ class Txn:
         "_ledger",
         "_pages",
         "_scopes",
+        "clean",
         "commands",
-        "ledger_size",
+        "rpages",
+        "rscopes",
         "state",
         "transitions",
     )
@@ -38,24 +77,36 @@ class Txn:
         self._pages: dict[PageId, PageRecord] | None = None
         self._generations: dict[PageId, int] | None = None
         self._ledger: list[tuple[ScopeId, Version]] | None = None
-        self.ledger_size = state.ledger_size
+        # Read views: the frozen maps' own dicts until a map is thawed, the thawed dict after.
+        # Never write through these (writes go through ``scopes`` / ``pages``).
+        self.rscopes: Mapping[ScopeId, ScopeRecord] = state.scopes._d
+        self.rpages: Mapping[PageId, PageRecord] = state.pages._d
         self.commands: list[Command] = []
         self.transitions: list[Transition] = []
+        # RECLAIM's memo: scope -> (its record, the page view, that view's change count) when
+        # RECLAIM last found nothing of the scope obsolete (see ``reclaim.reclaim``).
+        self.clean: dict[ScopeId, tuple[ScopeRecord, Mapping[PageId, PageRecord], int]] = {}
 
-    # Each map is thawed into a plain dict the first time the step touches it.
+    @property
+    def ledger_size(self) -> int:
+        return self.state.ledger_size
+
+    # Each map is thawed into a plain dict the first time the step writes to it (or asks for it).
 
     @property
     def scopes(self) -> dict[ScopeId, ScopeRecord]:
         d = self._scopes
         if d is None:
             d = self._scopes = self.state.scopes.thaw()
+            self.rscopes = d
         return d
 
     @property
     def pages(self) -> dict[PageId, PageRecord]:
         d = self._pages
         if d is None:
-            d = self._pages = self.state.pages.thaw()
+            d = self._pages = PageDict(self.state.pages._d)
+            self.rpages = d
         return d
 
     @property
@@ -75,23 +126,24 @@ class Txn:
     # Reads that do not thaw a map (a step that only reads leaves the map as it was).
 
     def scope_record(self, scope: ScopeId) -> ScopeRecord | None:
-        d = self._scopes
-        return (d if d is not None else self.state.scopes).get(scope)
+        return self.rscopes.get(scope)
 
     def read_scope(self, scope: ScopeId) -> ScopeRecord:
         """``self.scopes[scope]`` without thawing the map (KeyError if there is none)."""
-        d = self._scopes
-        return (d if d is not None else self.state.scopes)[scope]
+        return self.rscopes[scope]
 
     def read_pages(self) -> Mapping[PageId, PageRecord]:
         """``self.pages`` for reading only, without thawing the map."""
-        d = self._pages
-        return d if d is not None else self.state.pages
+        return self.rpages
 
     def read_page(self, page: PageId) -> PageRecord | None:
         """``self.pages.get(page)`` without thawing the map."""
-        d = self._pages
-        return (d if d is not None else self.state.pages).get(page)
+        return self.rpages.get(page)
+
+    def read_ledger(self) -> Any:
+        """``self.ledger`` for reading only (a list or a tuple), without copying it."""
+        d = self._ledger
+        return d if d is not None else self.state.ledger
 
     def record(
         self,
@@ -105,14 +157,17 @@ class Txn:
         **args: Any,
     ) -> None:
         self.transitions.append(
-            Transition(
-                action,
-                stage,
-                scope,
-                version,
-                tuple(args.items()),
-                tuple(changed.items()) if changed else (),
-                reason,
+            _tuple_new(
+                Transition,
+                (
+                    action,
+                    stage,
+                    scope,
+                    version,
+                    tuple(args.items()),
+                    tuple(changed.items()) if changed else (),
+                    reason,
+                ),
             )
         )
 
@@ -122,16 +177,17 @@ class Txn:
     def trim_ledger(self) -> None:
         """Bound the ledger as ``freeze`` does (between the events of one batch)."""
         ledger = self._ledger
+        size = self.state.ledger_size
         if ledger is None:
-            if len(self.state.ledger) <= self.ledger_size:
+            if len(self.state.ledger) <= size:
                 return
             ledger = self.ledger
-        if len(ledger) > self.ledger_size:
-            del ledger[: len(ledger) - self.ledger_size]
+        if len(ledger) > size:
+            del ledger[: len(ledger) - size]
 
     def freeze(self) -> CoreState:
         state = self.state
-        if self._ledger is None and len(state.ledger) > self.ledger_size:
+        if self._ledger is None and len(state.ledger) > state.ledger_size:
             self.trim_ledger()  # a hand-built state with an over-long ledger: bound it as always
         scopes, pages, generations, ledger = (
             self._scopes,
@@ -141,12 +197,11 @@ class Txn:
         )
         if scopes is None and pages is None and generations is None and ledger is None:
             return state
+        size = state.ledger_size
         return CoreState(
             state.scopes if scopes is None else FrozenMap.freeze(scopes),
             state.pages if pages is None else FrozenMap.freeze(pages),
             state.generations if generations is None else FrozenMap.freeze(generations),
-            state.ledger
-            if ledger is None
-            else (tuple(ledger[-self.ledger_size :]) if self.ledger_size else ()),
-            self.ledger_size,
+            state.ledger if ledger is None else (tuple(ledger[-size:]) if size else ()),
+            size,
         )

@@ -366,3 +366,82 @@ def test_reclaim_shortcut_matches_the_full_scan() -> None:
                 assert fast.commands == full.commands and fast.transitions == full.transitions
                 checked += 1
     assert checked > 1000
+
+
+# --- the lean paths against what they spell out -------------------------------------------------
+
+
+def test_lean_publish_equals_the_attrs_constructor() -> None:
+    core = rc.Retire(logger=ListLogger())
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    (published,) = core.handle(rc.FrameArrived("s", 0, 7, rc.FrameKind.COMMIT))
+    reference = rc.Publish(7, "s", 0, rc.FrameKind.COMMIT)
+    assert type(published) is rc.Publish
+    assert published == reference and hash(published) == hash(reference)
+    assert repr(published) == repr(reference)
+    with pytest.raises(AttributeError):
+        published.frame = 8  # type: ignore[misc]  # still frozen
+
+
+def test_allow_write_instances_are_shared_but_equal() -> None:
+    core = rc.Retire(logger=ListLogger())
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.PageAllocated("s", 0, "a", 3, 0))
+    first = core.handle(rc.WriteAttempted("s", 0, "a", 3, False))
+    second = core.handle(rc.WriteAttempted("s", 0, "a", 3, True))
+    assert first == second == [rc.AllowWrite(3, "a")]
+
+
+def test_reclaim_memo_sees_writes_made_through_the_page_map() -> None:
+    """RECLAIM remembers, within one ``Txn``, that a scope was clean; any write through
+    ``txn.pages`` that could make it unclean (as the checks' mutants make) must invalidate that."""
+    from retire_core import reclaim
+    from retire_core.state import evolve
+    from retire_core.txn import Txn
+
+    core = rc.Retire(logger=ListLogger())
+    core.handle(rc.Submit("s", "t", "f", (1, 2)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    for page, pos in ((1, 0), (2, 1)):
+        core.handle_batch(
+            [
+                rc.PageAllocated("s", 0, "a", page, pos),
+                rc.WriteAttempted("s", 0, "a", page, True),
+                rc.WriterClosed(page, f"d{page}"),
+            ]
+        )
+    txn = Txn(core.state)
+    reclaim.reclaim(txn, "s")
+    assert "s" in txn.clean and not txn.commands
+    reclaim.reclaim(txn, "s")  # a memo hit: still nothing to do
+    assert not txn.commands
+    # A closure-like write (same owner, version, held) keeps the memo ...
+    page = txn.pages[1]
+    txn.pages[1] = evolve(page, digest="other")
+    reclaim.reclaim(txn, "s")
+    assert not txn.commands
+    # ... a write that unholds a page does not: the page must be freed.
+    txn.pages[2] = evolve(txn.pages[2], held=False)
+    reclaim.reclaim(txn, "s")
+    assert txn.commands == [rc.Free((2,))]
+    assert [t.action for t in txn.transitions] == ["free"]
+
+
+def test_batched_prefill_closures_match_one_by_one() -> None:
+    """Many writer closures in one batch (a prefill) reuse RECLAIM's memo between events."""
+    events: list[Any] = [rc.Submit("s", "t", "f", tuple(range(12))), rc.Submit("u", "t", "f", (9,))]
+    events += [rc.ParticipantStarted("s", 0, "a"), rc.ParticipantStarted("u", 0, "b")]
+    for p in range(12):
+        events += [rc.PageAllocated("s", 0, "a", p, p), rc.WriteAttempted("s", 0, "a", p, True)]
+    events += [rc.PageAllocated("u", 0, "b", 50, 0), rc.WriteAttempted("u", 0, "b", 50, True)]
+    events += [rc.WriterClosed(p, f"d{p}") for p in range(6)]
+    events += [rc.Supersede("s", (*range(6), 99)), rc.Receipt("s", 0, "a")]
+    events += [rc.WriterClosed(p, f"d{p}") for p in range(6, 12)]
+    events += [rc.WriterClosed(50, "d50")]
+    one, many = rc.Retire(logger=ListLogger()), rc.Retire(logger=ListLogger())
+    one_commands = [c for event in events for c in one.handle(event)]
+    many_commands = many.handle_batch(events)
+    assert many_commands == one_commands
+    assert many.state == one.state
+    assert many._log.lines == one._log.lines

@@ -786,8 +786,11 @@ class RetireEngine:
             self._cmdq.clear()
 
     def _execute(self, cmd: Command) -> None:
+        # the two commands of every step first (a frame published, a write allowed)
         if isinstance(cmd, Publish):
             self._on_publish(cmd)
+        elif isinstance(cmd, AllowWrite):
+            self.stats.writes_allowed += 1
         elif isinstance(cmd, Drop):
             self._on_drop(cmd)
         elif isinstance(cmd, Fence):
@@ -796,8 +799,6 @@ class RetireEngine:
                 self.stats.fences_deferred += 1
             else:
                 self._fence(cmd)
-        elif isinstance(cmd, AllowWrite):
-            self.stats.writes_allowed += 1
         elif isinstance(cmd, FenceWrite):
             raise IsolationError(
                 f"the core fenced a write of {cmd.participant} into block {cmd.page} "
@@ -848,7 +849,7 @@ class RetireEngine:
         # RequestOutput carries the external id; map it back to the internal one.
         rid = self._internal.get(out.request_id, out.request_id)
         completion = out.outputs[0]
-        tokens = tuple(int(t) for t in completion.token_ids)
+        tokens = tuple(map(int, completion.token_ids))
         ext = self.external.get(rid)
         if ext is not None:
             ext.token_ids.extend(tokens)
