@@ -79,54 +79,121 @@ def abstract_control(
     """The spec's control columns for ``core``. ``launched`` maps participant slots the engine
     started to (scope slot, version): a participant the core has forgotten (its version drained
     into the ledger) is, by construction, closed."""
-    cols: dict[str, list[Any]] = {
-        name: list(column) for name, column in _initial_control(uni.bounds).items()
-    }
+    return dict(zip(CONTROL_COLUMNS, abstract_control_cells(core, uni, launched), strict=True))
+
+
+# ``abstract_control_cells`` builds the columns in this order, which must be ``CONTROL_COLUMNS``.
+_CONTROL_ORDER = (
+    "scope_mode",
+    "scope_epoch",
+    "scope_admitted",
+    "scope_reuse",
+    "scope_want",
+    "part_used",
+    "part_scope",
+    "part_ver",
+    "part_closed",
+    "page_alloc",
+    "page_owner",
+    "page_over",
+    "page_gen",
+    "page_writer",
+    "page_full",
+    "page_pos",
+    "page_tok",
+    "page_fp",
+    "page_digest",
+    "page_held",
+    "page_pinned",
+    "page_cert_scope",
+    "page_cert_ver",
+    "page_cert_gen",
+    "page_cert_digest",
+)
+if _CONTROL_ORDER != CONTROL_COLUMNS:
+    raise AssertionError("teach abstract_control_cells the spec's new control columns")
+
+
+def abstract_control_cells(
+    core: CoreState, uni: Universe, launched: dict[int, tuple[int, int]]
+) -> tuple[tuple[Any, ...], ...]:
+    """``abstract_control`` as a tuple of columns in ``CONTROL_COLUMNS`` order."""
+    (
+        mode,
+        epoch,
+        admitted,
+        reuse,
+        want,
+        used,
+        part_scope,
+        part_ver,
+        part_closed,
+        alloc,
+        owner,
+        over,
+        gen,
+        writer,
+        full,
+        pos,
+        tok,
+        fp,
+        digest,
+        held,
+        pinned,
+        cert_scope,
+        cert_ver,
+        cert_gen,
+        cert_digest,
+    ) = cols = [list(column) for column in _initial_control_cells(uni.bounds)]
+    scopes = core.scopes
     for s, sid in enumerate(uni.scopes):
-        rec = core.scopes.get(sid)
+        rec = scopes.get(sid)
         if rec is None:
             continue
-        cols["scope_mode"][s] = _MODE[rec.state]
-        cols["scope_epoch"][s] = rec.epoch
-        cols["scope_admitted"][s] = rec.admitted
-        cols["scope_reuse"][s] = rec.contract.allows_reuse
-        cols["scope_want"][s] = tuple(int(k) for k in rec.context)
+        mode[s] = _MODE[rec.state]
+        epoch[s] = rec.epoch
+        admitted[s] = rec.admitted
+        reuse[s] = rec.contract.allows_reuse
+        want[s] = tuple(int(k) for k in rec.context)
     for q, (s, v) in launched.items():
-        cols["part_used"][q] = True
-        cols["part_scope"][q] = s
-        cols["part_ver"][q] = v
-        rec = core.scopes.get(uni.scopes[s])
+        used[q] = True
+        part_scope[q] = s
+        part_ver[q] = v
+        rec = scopes.get(uni.scopes[s])
         part = rec.participants.get(uni.parts[q]) if rec is not None else None
-        cols["part_closed"][q] = True if part is None else part.closed
+        part_closed[q] = True if part is None else part.closed
+    pages, generations = core.pages, core.generations
     for p in range(uni.bounds.pages):
-        cols["page_gen"][p] = core.generations.get(p, 0)
-        page = core.pages.get(p)
+        gen[p] = generations.get(p, 0)
+        page = pages.get(p)
         if page is None:
             continue
-        cols["page_alloc"][p] = True
-        cols["page_owner"][p] = uni.scope_slot(page.owner)
-        cols["page_over"][p] = page.version
-        cols["page_writer"][p] = page.writer_open
-        cols["page_full"][p] = page.full
-        cols["page_pos"][p] = page.position
-        cols["page_tok"][p] = NO_MATCH if page.prefix is None else int(page.prefix)
-        cols["page_fp"][p] = int(page.fingerprint)
+        alloc[p] = True
+        owner[p] = uni.scope_slot(page.owner)
+        over[p] = page.version
+        writer[p] = page.writer_open
+        full[p] = page.full
+        pos[p] = page.position
+        tok[p] = NO_MATCH if page.prefix is None else int(page.prefix)
+        fp[p] = int(page.fingerprint)
         if not page.writer_open:
-            cols["page_digest"][p] = _digest(page.digest)
-        cols["page_held"][p] = page.held
-        cols["page_pinned"][p] = page.pinned
-    for sid, rec in core.scopes.items():
-        if rec.certificate is None:
+            digest[p] = _digest(page.digest)
+        held[p] = page.held
+        pinned[p] = page.pinned
+    for sid, rec in scopes.items():
+        cert = rec.certificate
+        if cert is None:
             continue
-        for entry in rec.certificate.entries:
-            page = core.pages.get(entry.page)
+        for entry in cert.entries:
+            page = pages.get(entry.page)
             if page is None or not page.pinned:
                 continue
-            cols["page_cert_scope"][entry.page] = uni.scope_slot(sid)
-            cols["page_cert_ver"][entry.page] = rec.certificate.version
-            cols["page_cert_gen"][entry.page] = entry.generation
-            cols["page_cert_digest"][entry.page] = _digest(entry.digest)
-    return {name: tuple(v) for name, v in cols.items()}
+            e = entry.page
+            cert_scope[e] = uni.scope_slot(sid)
+            cert_ver[e] = cert.version
+            cert_gen[e] = entry.generation
+            cert_digest[e] = _digest(entry.digest)
+    return tuple([tuple(column) for column in cols])
 
 
 def control_view(st: SpecState, bounds: Bounds) -> dict[str, tuple[Any, ...]]:
@@ -140,9 +207,9 @@ def with_control(st: SpecState, control: dict[str, tuple[Any, ...]], bounds: Bou
 
 
 @functools.cache
-def _initial_control(bounds: Bounds) -> dict[str, tuple[Any, ...]]:
+def _initial_control_cells(bounds: Bounds) -> tuple[tuple[Any, ...], ...]:
     init = initial_state(bounds)
-    return {name: init[name] for name in CONTROL_COLUMNS}
+    return tuple(init[name] for name in CONTROL_COLUMNS)
 
 
 # --- the canonical form, fast ------------------------------------------------------------------

@@ -348,23 +348,29 @@ def _explore(
     quiescence = [(q.name, ls.compiled.predicate(q.holds)) for q in QUIESCENCE]
     tally = ProbeTally(bounds)
     probes = tally.counts
-    # Fingerprints of raw joint states (the memo hands back shared core and spec objects whose
-    # hashes are cached, so a repeated raw state costs one dict lookup).
-    fps: dict[tuple[Any, ...], tuple[int, SpecState]] = {}
+    # Fingerprints of raw joint states. The memo hands back interned core and spec objects, so
+    # raw states are keyed by the identities of their core and spec (each entry holds both
+    # objects, so neither id can be reused while it exists): a repeated raw state costs one
+    # lookup of a key of small ints.
+    fps: dict[tuple[Any, ...], tuple[Any, SpecState, int, SpecState]] = {}
     canonical = canonical_function(bounds)
 
     def fingerprint() -> tuple[int, SpecState]:
-        pending = tuple(ls.pending_reports.items())
-        raw = (ls.core, ls.spec, pending, ls.faults)
+        core, spec = ls.core, ls.spec
+        pending = ls.pending_reports
+        raw = (id(core), id(spec), tuple(pending.items()) if pending else (), ls.faults)
         hit = fps.get(raw)
         if hit is None:
             if len(fps) >= memo.limit:
                 fps.clear()
-            canon = canonical(ls.spec)
-            fp = sym.fingerprint(ls.core, canon, ls.pending_reports, ls.faults)
-            hit = fps[raw] = (fp, canon)
-        return hit
+            canon = canonical(spec)
+            fp = sym.fingerprint(core, canon, pending, ls.faults)
+            hit = fps[raw] = (core, spec, fp, canon)
+        return hit[2], hit[3]
 
+    # ``env_moves`` by (spec state id, pending byte checks, faults used); each entry holds
+    # its spec state, so the id is not reused while the entry exists
+    offers: dict[tuple[Any, ...], tuple[SpecState, list[ActionInstance], bool]] = {}
     # parent map: fingerprint -> (parent fingerprint, move); the root maps to None.
     parents: dict[int, tuple[int, ActionInstance] | None] = {}
     root = fingerprint()[0]
@@ -395,8 +401,19 @@ def _explore(
     while queue:
         snap, fp, depth = queue.popleft()
         ls.restore(snap)
-        moves = env_moves(ls, budget)
-        if not any(m.name in COMPLETION for m in moves):
+        # The moves offered depend on the spec state, the pending byte checks and the faults
+        # used alone; the memo is keyed by the (interned) spec state's identity.
+        pending = ls.pending_reports
+        offer_key = (id(ls.spec), tuple(pending) if pending else (), ls.faults)
+        offered = offers.get(offer_key)
+        if offered is None:
+            if len(offers) >= memo.limit:
+                offers.clear()
+            moves = env_moves(ls, budget)
+            completes = any(m.name in COMPLETION for m in moves)
+            offered = offers[offer_key] = (ls.spec, moves, completes)
+        _, moves, completes = offered
+        if not completes:
             quiescent += 1
             probes["path:quiescent"] += 1
             broken = [name for name, holds in quiescence if not holds(ls.spec)]
@@ -410,11 +427,15 @@ def _explore(
                 )
                 break
         before = ls.spec
+        step = ls.move
+        core0, spec0, launched0, pending0, faults0 = snap
         for move in moves:
-            ls.restore(snap)
+            # ``restore`` (the harness copies its dicts on write, so the snapshot's are shared)
+            ls.core, ls.spec, ls.launched, ls.pending_reports = core0, spec0, launched0, pending0
+            ls.faults = faults0
             transitions += 1
             try:
-                out = apply_move(ls, move)
+                out = step(move)
             except RefinementError as err:
                 violation = Counterexample(
                     config, (*path_to(fp), move), str(err), violated=err.invariants
@@ -428,6 +449,14 @@ def _explore(
                 )
                 break
             tally.add(move, out, before)
+            if (
+                ls.core is core0
+                and ls.spec is spec0
+                and ls.pending_reports is pending0
+                and ls.faults == faults0
+                and ls.launched is launched0
+            ):
+                continue  # back in the state being expanded: already in ``parents``
             child, canon = fingerprint()
             if child in parents:
                 continue

@@ -18,7 +18,7 @@ added here, not silently dropped from the key). What does not live here: the sea
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -134,10 +134,15 @@ class Symmetry:
         self.uni = uni
         self.enabled = enabled
         self.renamings = scope_renamings(uni) if enabled else scope_renamings(uni)[:1]
+        sizes = uni.bounds.sizes()
+        self._renamers = {ren.slots: _scope_renamer(ren, sizes) for ren in self.renamings}
         self.part_names = uni.parts
         self.limit = limit
-        self._specs: dict[SpecState, list[tuple[tuple[Any, ...], int, tuple[str, ...]]]] = {}
-        self._cores: dict[tuple[Any, ...], int] = {}
+        # per canonical spec state: (hash of the renamed spec encoding, renaming, participant
+        # renaming) for each scope renaming (the encoding is a tuple, whose hash Python does
+        # not cache, so it is hashed once here; the fingerprint hashes that hash with the rest)
+        self._specs: dict[SpecState, list[tuple[int, int, tuple[str, ...]]]] = {}
+        self._cores: dict[tuple[Any, ...], tuple[rc.CoreState, int]] = {}
 
     def fingerprint(
         self, core: rc.CoreState, spec: SpecState, pending: Mapping[int, int], faults: int
@@ -152,83 +157,107 @@ class Symmetry:
             renamed = []
             for r, ren in enumerate(self.renamings):
                 spec_enc, part_map = self._rename_spec(spec.cells, ren)
-                renamed.append((spec_enc, r, tuple(part_map[q] for q in self.part_names)))
+                renamed.append((hash(spec_enc), r, tuple(part_map[q] for q in self.part_names)))
             self._specs[spec] = renamed
         if len(renamed) == 1:
-            spec_enc, r, parts = renamed[0]
-            slots = self.renamings[r].slots
-            pend = tuple(sorted((slots[s], v) for s, v in pending.items()))
-            return hash((hash((spec_enc, pend, faults)), self._core_hash(core, r, parts)))
+            spec_hash, r, parts = renamed[0]
+            if pending:
+                slots = self.renamings[r].slots
+                pend = tuple(sorted((slots[s], v) for s, v in pending.items()))
+            else:
+                pend = ()
+            return hash((hash((spec_hash, pend, faults)), self._core_hash(core, r, parts)))
         candidates = []
-        for spec_enc, r, parts in renamed:
+        for spec_hash, r, parts in renamed:
             slots = self.renamings[r].slots
             pend = tuple(sorted((slots[s], v) for s, v in pending.items()))
-            candidates.append((hash((spec_enc, pend, faults)), r, parts))
+            candidates.append((hash((spec_hash, pend, faults)), r, parts))
         best = min(c[0] for c in candidates)
         return min(
             hash((h, self._core_hash(core, r, parts))) for h, r, parts in candidates if h == best
         )
 
     def _core_hash(self, core: rc.CoreState, r: int, parts: tuple[str, ...]) -> int:
-        key = (core, r, parts)
+        # keyed by the core state's identity; each entry holds the state, so the id is not
+        # reused while the entry exists (an equal state that is another object only misses)
+        key = (id(core), r, parts)
         found = self._cores.get(key)
         if found is None:
             if len(self._cores) >= self.limit:
                 self._cores.clear()
             part_map = dict(zip(self.part_names, parts, strict=True))
-            found = self._cores[key] = hash(encode_core(core, self.renamings[r], part_map))
-        return found
+            h = hash(encode_core(core, self.renamings[r], part_map))
+            found = self._cores[key] = (core, h)
+        return found[1]
 
     # --- the spec side ----------------------------------------------------------------------
     def _rename_spec(
         self, cells: tuple[Any, ...], ren: Renaming
     ) -> tuple[tuple[Any, ...], dict[str, str]]:
-        out = list(cells)
-        slots, phi = ren.slots, ren.fps
-        if not ren.identity:
-            for i in _SCOPE_COLS:
-                col = cells[i]
-                new = list(col)
-                for s, v in enumerate(col):
-                    new[slots[s]] = v
-                out[i] = tuple(new)
-            out[_SCOPE_FP] = tuple(phi[v] for v in out[_SCOPE_FP])
-            used = cells[_PART_USED]
-            out[_PART_SCOPE] = tuple(
-                slots[v] if u else v for v, u in zip(cells[_PART_SCOPE], used, strict=True)
-            )
-            fstate = cells[_FRAME_STATE]
-            out[_FRAME_SCOPE] = tuple(
-                slots[v] if st != NO_FRAME else v
-                for v, st in zip(cells[_FRAME_SCOPE], fstate, strict=True)
-            )
-            alloc, pinned = cells[_PAGE_ALLOC], cells[_PAGE_PINNED]
-            out[_PAGE_OWNER] = tuple(
-                slots[v] if a else v for v, a in zip(cells[_PAGE_OWNER], alloc, strict=True)
-            )
-            out[_CERT_SCOPE] = tuple(
-                slots[v] if a and pn else v
-                for v, a, pn in zip(cells[_CERT_SCOPE], alloc, pinned, strict=True)
-            )
-            out[_PAGE_FP] = tuple(
-                phi.get(v, v) if a else v for v, a in zip(cells[_PAGE_FP], alloc, strict=True)
-            )
+        out = list(cells) if ren.identity else self._renamers[ren.slots](cells)
         # Participants: used ones first, ordered by everything the spec knows about them.
         n_parts = len(cells[_PART_USED])
-        rows = [tuple(out[i][q] for i in _PART_COLS) for q in range(n_parts)]
-        order = sorted(range(n_parts), key=lambda q: (not cells[_PART_USED][q], rows[q], q))
+        rows = zip(*[out[i] for i in _PART_COLS], strict=True) if _PART_COLS else [()] * n_parts
+        keyed = sorted(
+            zip([not u for u in cells[_PART_USED]], rows, range(n_parts), strict=True)
+        )
+        order = [q for _, _, q in keyed]
         if order != list(range(n_parts)):
             for i in _PART_COLS:
                 col = out[i]
-                out[i] = tuple(col[q] for q in order)
-        part_map = {self.part_names[q]: self.part_names[new] for new, q in enumerate(order)}
+                out[i] = tuple([col[q] for q in order])
+        names = self.part_names
+        part_map = {names[q]: names[new] for new, q in enumerate(order)}
         # Frames: the core never sees frame slots, so any order is a renaming; sort fully.
         n_frames = len(cells[_FRAME_STATE])
         if n_frames > 1:
-            frows = sorted(tuple(out[i][f] for i in _FRAME_COLS) for f in range(n_frames))
-            for j, i in enumerate(_FRAME_COLS):
-                out[i] = tuple(row[j] for row in frows)
+            frows = sorted(zip(*[out[i] for i in _FRAME_COLS], strict=True))
+            for i, column in zip(_FRAME_COLS, zip(*frows, strict=True), strict=True):
+                out[i] = column
         return tuple(out), part_map
+
+
+def _scope_renamer(
+    ren: Renaming, sizes: Mapping[str, int]
+) -> Callable[[tuple[Any, ...]], list[Any]]:
+    """The scope renaming of a spec state's cells (every scope-indexed column permuted,
+    fingerprint values renamed, scope-valued cells of used slots renamed), as straight-line
+    code for one renaming and one set of sizes: a list of the renamed columns."""
+    slots = ren.slots
+    inv = [0] * len(slots)
+    for s, t in enumerate(slots):
+        inv[t] = s
+
+    def tup(items: list[str]) -> str:
+        return "(" + "".join(f"{x}, " for x in items) + ")"
+
+    n_s, n_q, n_f, n_p = (sizes[k] for k in ("Scope", "Part", "Frame", "Page"))
+    lines = ["def rename(c):", "    out = list(c)"]
+    for i in _SCOPE_COLS:
+        lines.append(f"    col = c[{i}]")
+        lines.append(f"    out[{i}] = {tup([f'col[{inv[t]}]' for t in range(n_s)])}")
+    lines.append(f"    col = out[{_SCOPE_FP}]")
+    lines.append(f"    out[{_SCOPE_FP}] = {tup([f'PHI[col[{t}]]' for t in range(n_s)])}")
+    lines.append(f"    u, v = c[{_PART_USED}], c[{_PART_SCOPE}]")
+    parts = [f"(S[v[{q}]] if u[{q}] else v[{q}])" for q in range(n_q)]
+    lines.append(f"    out[{_PART_SCOPE}] = {tup(parts)}")
+    lines.append(f"    fs, v = c[{_FRAME_STATE}], c[{_FRAME_SCOPE}]")
+    frames = [f"(S[v[{f}]] if fs[{f}] != {NO_FRAME} else v[{f}])" for f in range(n_f)]
+    lines.append(f"    out[{_FRAME_SCOPE}] = {tup(frames)}")
+    lines.append(f"    a, pn, v = c[{_PAGE_ALLOC}], c[{_PAGE_PINNED}], c[{_PAGE_OWNER}]")
+    owners = [f"(S[v[{p}]] if a[{p}] else v[{p}])" for p in range(n_p)]
+    lines.append(f"    out[{_PAGE_OWNER}] = {tup(owners)}")
+    lines.append(f"    v = c[{_CERT_SCOPE}]")
+    certs = [f"(S[v[{p}]] if a[{p}] and pn[{p}] else v[{p}])" for p in range(n_p)]
+    lines.append(f"    out[{_CERT_SCOPE}] = {tup(certs)}")
+    lines.append(f"    v = c[{_PAGE_FP}]")
+    fps = [f"(PHI.get(v[{p}], v[{p}]) if a[{p}] else v[{p}])" for p in range(n_p)]
+    lines.append(f"    out[{_PAGE_FP}] = {tup(fps)}")
+    lines.append("    return out")
+    namespace: dict[str, Any] = {"S": tuple(slots), "PHI": dict(ren.fps)}
+    exec(compile("\n".join(lines) + "\n", "<retire_checks scope renaming>", "exec"), namespace)
+    fn: Callable[[tuple[Any, ...]], list[Any]] = namespace["rename"]
+    return fn
 
 
 def encode_core(core: rc.CoreState, ren: Renaming, parts: Mapping[str, str]) -> tuple[Any, ...]:

@@ -51,7 +51,7 @@ class Action:
     effect: Effect
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, cache_hash=True)
 class ActionInstance:
     """An action with concrete arguments (element numbers, a context tuple, a bool...)."""
 

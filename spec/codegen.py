@@ -227,6 +227,7 @@ class Compiler:
         self._guards: dict[tuple[Any, ...], Predicate] = {}
         self._steps: dict[tuple[Any, ...], Successor] = {}
         self._preds: dict[Callable[..., Any], Predicate] = {}
+        self._conjunctions: dict[tuple[Callable[..., Any], ...], Predicate] = {}
         self._instance_lists: dict[tuple[Any, ...], tuple[ActionInstance, ...]] = {}
         self.fallbacks: list[str] = []  # functions evaluated by ``Concrete`` instead
 
@@ -252,7 +253,28 @@ class Compiler:
             fn = self._preds[holds] = self._compile_predicate(holds)
         return fn
 
+    def conjunction(self, preds: tuple[Callable[..., Val], ...]) -> Predicate:
+        """One function of the state that holds iff every one of ``preds`` (invariants'
+        ``holds``) holds: their compiled expressions joined by ``and`` in one body, so a state
+        in which all hold costs one call (which of them fails is then asked of ``predicate``).
+        Where one cannot be compiled, the compiled predicates are called in turn."""
+        fn = self._conjunctions.get(preds)
+        if fn is None:
+            fn = self._conjunctions[preds] = self._compile_conjunction(preds)
+        return fn
+
     # --- generation -----------------------------------------------------------------------
+    def _compile_conjunction(self, preds: tuple[Callable[..., Val], ...]) -> Predicate:
+        try:
+            st = _SrcState(self.sizes)
+            I = self.codegen(self.sizes)
+            conds = [I.and_(holds(I, st)).text for holds in preds]
+            body = [*_prologue(st.read), f"    return {' and '.join(conds) or 'True'}"]
+            return _define("holds", ["def holds(st):", *body])
+        except TypeError:
+            compiled = tuple(self.predicate(holds) for holds in preds)
+            return lambda st: all(holds(st) for holds in compiled)
+
     def _compile_guard(self, action: Action, args: tuple[Any, ...]) -> Predicate:
         try:
             I = self.codegen(self.sizes)

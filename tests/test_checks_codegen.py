@@ -69,7 +69,12 @@ def _disagreements(
                 differs(f"effect of {inst}", compiler.step(action, inst.args), st, expected)
         for inv in INVARIANTS + QUIESCENCE:
             differs(inv.name, compiler.predicate(inv.holds), st, bool(inv.holds(I, st)))
+        every = all(bool(inv.holds(I, st)) for inv in INVARIANTS)
+        differs("all invariants", compiler.conjunction(_HOLDS), st, every)
     return out
+
+
+_HOLDS = tuple(inv.holds for inv in INVARIANTS)
 
 
 def _out_of_range_positions(states: list[SpecState], bounds: Bounds) -> list[SpecState]:

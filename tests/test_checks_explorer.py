@@ -24,7 +24,7 @@ from retire_checks.explorer import (
     explore,
     run_profile,
 )
-from retire_checks.lockstep import Lockstep, RefinementError
+from retire_checks.lockstep import Lockstep, RefinementError, StepMemo
 from retire_checks.symmetry import Symmetry, check_encoder_covers_core
 from retire_core import reclaim
 from retire_spec.actions import ACTION_BY_NAME, ActionInstance
@@ -212,3 +212,39 @@ def test_quick_profile_configs_are_small_and_distinct() -> None:
     assert len(set(names)) == len(names)
     for a, b in itertools.combinations(QUICK.configs, 2):
         assert a.bounds != b.bounds or a.budget != b.budget
+
+
+def test_memoized_moves_agree_with_the_recording_harness() -> None:
+    """``Lockstep.move`` with a step memo (the explorer's harness: memo hits by identity,
+    legality judged only for refused events, dicts copied on write) leaves the same joint state
+    and returns the same outcome as ``apply_move`` on a recording harness without a memo that
+    checks every step. Walks restart from one snapshot, so they revisit core steps and the memo
+    hits are compared too."""
+    uni = Universe.of(WALK)
+    budget = Budget(faults=2, partial_writes=True)
+    for ledger in (1, 8):
+        memo = StepMemo()
+        fast = Lockstep(uni, ledger_size=ledger, record=False, check_each_step=False, memo=memo)
+        start = fast.snapshot()
+        hits = 0
+        for seed in range(40):
+            rng = random.Random(seed)
+            ref = Lockstep(uni, ledger_size=ledger)
+            fast.restore(start)
+            for _ in range(40):
+                moves = env_moves(ref, budget)
+                assert moves == env_moves(fast, budget)
+                if not moves:
+                    break
+                move = rng.choice(moves)
+                size = memo.size
+                want = apply_move(ref, move)
+                got = fast.move(move)
+                hits += move.name not in ("emit", "corrupt") and memo.size == size
+                assert (got.commands, got.transitions, got.spec_steps) == (
+                    want.commands,
+                    want.transitions,
+                    want.spec_steps,
+                ), move
+                assert fast.snapshot() == ref.snapshot(), move
+        assert hits > 50
