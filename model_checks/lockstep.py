@@ -276,22 +276,8 @@ class Lockstep:
             return self.env(inst)
         if name in FAULTS:
             self.faults += 1
-        a = inst.args
-        key: Any = id(inst)
-        if name == "receipt":
-            key = (key, self.launched.get(a[0]))
-        elif name == "allocate" or name == "attempt_write":
-            key = (key, self.launched.get(a[1]))
-        elif name == "deliver":
-            f = a[0]
-            cells = self.spec.cells
-            key = (key, cells[_FRAME_SCOPE][f], cells[_FRAME_VER][f], cells[_FRAME_KIND][f])
-        elif name == "close_writer":
-            key = (key, self.spec.cells[_PAGE_DATA][a[0]])
-        hit = memo.events.get(key)
-        if hit is None:
-            hit = memo.events[key] = (inst, self._event_for(inst), {})
-        event, table = hit[1], hit[2]
+        event, table = self._event(inst)
+        assert table is not None  # a harness with a memo
         core = self.core
         found = table.get(id(core))
         if found is None:  # a new core step: ``feed`` computes, checks and records it
@@ -365,22 +351,27 @@ class Lockstep:
         memo = self.memo
         if memo is None:
             return self._event_for(inst), None
-        n, a = inst.name, inst.args
-        key: Any = id(inst)
-        if n == "receipt":
-            key = (key, self.launched.get(a[0]))
-        elif n == "allocate" or n == "attempt_write":
-            key = (key, self.launched.get(a[1]))
-        elif n == "deliver":
-            f = a[0]
-            cells = self.spec.cells
-            key = (key, cells[_FRAME_SCOPE][f], cells[_FRAME_VER][f], cells[_FRAME_KIND][f])
-        elif n == "close_writer":
-            key = (key, self.spec.cells[_PAGE_DATA][a[0]])
+        key = self._event_key(inst)
         hit = memo.events.get(key)
         if hit is None or hit[0] is not inst:
             hit = memo.events[key] = (inst, self._event_for(inst), {})
         return hit[1], hit[2]
+
+    def _event_key(self, inst: ActionInstance) -> Any:
+        """The move by identity, plus exactly what else its core event is built from."""
+        n, a = inst.name, inst.args
+        key: Any = id(inst)
+        if n == "receipt":
+            return (key, self.launched.get(a[0]))
+        if n == "allocate" or n == "attempt_write":
+            return (key, self.launched.get(a[1]))
+        if n == "deliver":
+            f = a[0]
+            cells = self.spec.cells
+            return (key, cells[_FRAME_SCOPE][f], cells[_FRAME_VER][f], cells[_FRAME_KIND][f])
+        if n == "close_writer":
+            return (key, self.spec.cells[_PAGE_DATA][a[0]])
+        return key
 
     def _event_for(self, inst: ActionInstance) -> Any:
         u, a = self.uni, inst.args

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 from retire_checks.abstraction import Universe
 from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance as A
-from retire_spec.schema import Bounds
+from retire_spec.schema import COLUMNS, Bounds, Kind, SpecState
 
 BOUNDS = Bounds(
     scopes=2,
@@ -41,3 +44,21 @@ def lockstep_at(state: str) -> Lockstep:
     for move in PATHS[state]:
         ls.env(move)
     return ls
+
+
+def arbitrary_spec_state(rng: random.Random, b: Bounds, ints: range) -> SpecState:
+    """A spec state no run need reach: every cell random within its kind, integer cells drawn
+    from ``ints`` (which may leave a column's range, to exercise reads outside it)."""
+    sizes = b.sizes()
+    cells: list[Any] = []
+    for col in COLUMNS:
+        n = sizes[col.sort]
+        if col.kind is Kind.BOOL:
+            cells.append(tuple(rng.random() < 0.5 for _ in range(n)))
+        elif col.kind is Kind.SCOPE:
+            cells.append(tuple(rng.randrange(b.scopes) for _ in range(n)))
+        elif col.kind is Kind.CTX:
+            cells.append(tuple(rng.choice(b.contexts) for _ in range(n)))
+        else:
+            cells.append(tuple(rng.choice(ints) for _ in range(n)))
+    return SpecState(tuple(cells))

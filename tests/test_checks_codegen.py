@@ -18,7 +18,8 @@ from retire_spec.actions import ACTION_BY_NAME, Action, enabled, instances
 from retire_spec.codegen import Codegen, Compiler, Src
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS, QUIESCENCE
-from retire_spec.schema import ACTIVE, COLUMN_INDEX, COLUMNS, Bounds, Kind, SpecState, initial_state
+from retire_spec.schema import ACTIVE, COLUMN_INDEX, Bounds, SpecState, initial_state
+from tests.helpers import arbitrary_spec_state
 
 BOUNDS = (
     *(c.bounds for c in QUICK.configs),
@@ -120,28 +121,10 @@ def test_spec_mutants_are_compiled_from_their_own_functions() -> None:
             assert _disagreements(compiler, states, mutant.actions) == [], mutant.name
 
 
-def _arbitrary(rng: random.Random, b: Bounds) -> SpecState:
-    """A state no run need reach: positions, versions and modes may be out of range (negative
-    positions too), which exercises ``get`` outside a column."""
-    sizes = b.sizes()
-    cells: list[Any] = []
-    for col in COLUMNS:
-        n = sizes[col.sort]
-        if col.kind is Kind.BOOL:
-            cells.append(tuple(rng.random() < 0.5 for _ in range(n)))
-        elif col.kind is Kind.SCOPE:
-            cells.append(tuple(rng.randrange(b.scopes) for _ in range(n)))
-        elif col.kind is Kind.CTX:
-            cells.append(tuple(rng.choice(b.contexts) for _ in range(n)))
-        else:
-            cells.append(tuple(rng.randrange(-3, 5) for _ in range(n)))
-    return SpecState(tuple(cells))
-
-
 def test_compiled_spec_agrees_with_concrete_on_arbitrary_states() -> None:
     rng = random.Random(5)
     for bounds in BOUNDS:
-        states = [_arbitrary(rng, bounds) for _ in range(150)]
+        states = [arbitrary_spec_state(rng, bounds, range(-3, 5)) for _ in range(150)]
         states += _out_of_range_positions(_reachable(bounds, 150), bounds)
         assert _disagreements(Compiler(bounds), states, ACTION_BY_NAME) == []
 

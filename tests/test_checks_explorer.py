@@ -30,7 +30,8 @@ from retire_core import reclaim
 from retire_spec.actions import ACTION_BY_NAME, ActionInstance
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS
-from retire_spec.schema import COLUMNS, Bounds, Kind, SpecState, canonical
+from retire_spec.schema import Bounds, canonical
+from tests.helpers import arbitrary_spec_state
 
 WALK = Bounds(2, 3, 2, 3, 2, 3, ((1, 2), (1, 3), (4, 5)), (0, 1))
 A = ActionInstance
@@ -59,29 +60,13 @@ def test_fast_canonical_is_the_specs_canonical_form() -> None:
         assert fast_canonical(ls.spec, WALK) == canonical(ls.spec, WALK)
 
 
-def _arbitrary_state(rng: random.Random, b: Bounds) -> SpecState:
-    sizes = b.sizes()
-    cells: list[Any] = []
-    for col in COLUMNS:
-        n = sizes[col.sort]
-        if col.kind is Kind.BOOL:
-            cells.append(tuple(rng.random() < 0.5 for _ in range(n)))
-        elif col.kind is Kind.SCOPE:
-            cells.append(tuple(rng.randrange(b.scopes) for _ in range(n)))
-        elif col.kind is Kind.CTX:
-            cells.append(tuple(rng.choice(b.contexts) for _ in range(n)))
-        else:
-            cells.append(tuple(rng.randrange(-2, 4) for _ in range(n)))
-    return SpecState(tuple(cells))
-
-
 def test_fast_canonical_agrees_on_arbitrary_states() -> None:
     """The generated canonical form against the spec's, on states no run need reach (integer
     cells include the mode, frame-state and sentinel values the canonical form tests for)."""
     rng = random.Random(11)
     for b in (WALK, *(c.bounds for c in QUICK.configs)):
         for _ in range(1000):
-            st = _arbitrary_state(rng, b)
+            st = arbitrary_spec_state(rng, b, range(-2, 4))
             assert fast_canonical(st, b) == canonical(st, b)
 
 
@@ -92,7 +77,7 @@ def test_canonical_form_never_hides_an_invariant_violation() -> None:
     rng = random.Random(7)
     I = Concrete(WALK.sizes())
     for _ in range(3000):
-        st = _arbitrary_state(rng, WALK)
+        st = arbitrary_spec_state(rng, WALK, range(-2, 4))
         canon = canonical(st, WALK)
         for inv in INVARIANTS:
             assert inv.holds(I, st) == inv.holds(I, canon), inv.name
