@@ -293,27 +293,10 @@ class Lockstep:
             return _NOTHING
         self._current_event = event
         state, outcome, launches, pins, spec_steps = entry
-        if spec_steps:
-            spec = self.spec
-            for si, step in spec_steps:
-                nxt = step(spec)
-                if nxt is None:
-                    raise RefinementError(
-                        f"the spec does not allow {si} here (after {self._last()})"
-                    )
-                spec = nxt
-            self.spec = memo.specs.setdefault(spec, spec)
-        if launches:
-            launched = dict(self.launched)
-            for q, sv in launches:
-                launched[q] = sv
-            self.launched = launched
+        self._follow(spec_steps, launches, memo)
         self.core = state
         if pins:
-            pending = dict(self.pending_reports)
-            for s, v in pins:
-                pending[s] = v
-            self.pending_reports = pending
+            self._add_pins(pins)
         rejected = state is core and not outcome.transitions and not outcome.commands
         if rejected and self._legal(inst):
             raise RefinementError(f"the core refused {inst}, which the spec allows")
@@ -356,6 +339,31 @@ class Lockstep:
         if hit is None or hit[0] is not inst:
             hit = memo.events[key] = (inst, self._event_for(inst), {})
         return hit[1], hit[2]
+
+    def _follow(self, spec_steps: Any, launches: Any, memo: StepMemo | None) -> None:
+        """Take the spec steps a core step refines to (each guard checked now, in this spec
+        state) and record the participants it launched."""
+        if spec_steps:
+            spec = self.spec
+            for si, step in spec_steps:
+                nxt = step(spec)
+                if nxt is None:
+                    raise RefinementError(
+                        f"the spec does not allow {si} here (after {self._last()})"
+                    )
+                spec = nxt
+            self.spec = memo.specs.setdefault(spec, spec) if memo is not None else spec
+        if launches:
+            launched = dict(self.launched)
+            for q, sv in launches:
+                launched[q] = sv
+            self.launched = launched
+
+    def _add_pins(self, pins: Any) -> None:
+        pending = dict(self.pending_reports)
+        for s, v in pins:
+            pending[s] = v
+        self.pending_reports = pending
 
     def _event_key(self, inst: ActionInstance) -> Any:
         """The move by identity, plus exactly what else its core event is built from."""
@@ -447,21 +455,7 @@ class Lockstep:
                     memo.size += 1
             return _NOTHING
         state, outcome, launches, pins, spec_steps = entry
-        if spec_steps:
-            spec = self.spec
-            for si, step in spec_steps:
-                nxt = step(spec)
-                if nxt is None:
-                    raise RefinementError(
-                        f"the spec does not allow {si} here (after {self._last()})"
-                    )
-                spec = nxt
-            self.spec = memo.specs.setdefault(spec, spec) if memo is not None else spec
-        if launches:
-            launched = dict(self.launched)
-            for q, sv in launches:
-                launched[q] = sv
-            self.launched = launched
+        self._follow(spec_steps, launches, memo)
         if fresh:
             self._check_commands(outcome)
             if table is not None and memo is not None:
@@ -469,10 +463,7 @@ class Lockstep:
                 memo.size += 1
         self.core = state
         if pins:
-            pending = dict(self.pending_reports)
-            for s, v in pins:
-                pending[s] = v
-            self.pending_reports = pending
+            self._add_pins(pins)
         if self.check_each_step:
             self.check_state()
         if self.record:
