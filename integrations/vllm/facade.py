@@ -908,9 +908,12 @@ class RetireEngine:
         rec = self.records[req.scope].version(req.version)
         self._release_handoff_pins(req)
         open_pages = [p for p in req.pages if p in self._pages and self._pages[p].writer_open]
+        closures: list[Event] = []
         for page, digest in self.read_digests(open_pages).items():
             self._pages[page].writer_open = False
-            self._emit(WriterClosed(page, digest))
+            closures.append(WriterClosed(page, digest))
+        if closures:
+            self._emit_batch(closures)
         todo = [p for p in participants if p not in req.closed]
         ranks = [p for p in todo if p != req.rid]
         if ranks:
