@@ -55,6 +55,7 @@ from retire_bench.traces import (
     version_numbers,
     window,
 )
+from retire_vllm.identity import common_prefix_len
 
 DATA = Path(__file__).parent / "data"
 SAMPLE_LOG = DATA / "agent_log_sample.jsonl"
@@ -70,13 +71,6 @@ def _revise(scope: str, t: float, keep: int = 0, seed: int = 2, length: int = 8)
     return TraceEvent(scope, t, "revision", ctx, 4, CONTRACT)
 
 
-def _lcp(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # --------------------------------------------------------------------------------------------------
@@ -136,7 +130,7 @@ def test_prefix_overlap_parameter() -> None:
     for (scope, version), tokens in ids.items():
         assert len(tokens) == 64
         if version:
-            assert _lcp(ids[(scope, version - 1)], tokens) == 32
+            assert common_prefix_len(ids[(scope, version - 1)], tokens) == 32
 
 
 def test_contract_parameter_is_carried() -> None:
@@ -250,7 +244,7 @@ def test_materialized_contexts_have_zero_overlap_in_the_default_trace() -> None:
     for (scope, version), tokens in ids.items():
         assert len(tokens) == 512 and all(3 <= t < 2048 for t in tokens)
         if version:
-            assert _lcp(ids[(scope, version - 1)], tokens) == 0
+            assert common_prefix_len(ids[(scope, version - 1)], tokens) == 0
 
 
 @given(
@@ -268,7 +262,7 @@ def test_edit_diverges_exactly_after_the_kept_prefix(
     )
     assert len(ids) == keep + length and ids[:keep] == previous[:keep]
     if length and keep < len(previous):
-        assert _lcp(previous, ids) == keep
+        assert common_prefix_len(previous, ids) == keep
 
 
 # --------------------------------------------------------------------------------------------------
@@ -715,4 +709,4 @@ def test_docs_example_loads() -> None:
     text = docs.read_text().split("```json\n", 1)[1].split("```", 1)[0]
     trace = loads_trace(text, source="docs/traces.md")
     ids = materialize(trace, vocab_size=2048)
-    assert _lcp(ids[("s0", 0)], ids[("s0", 1)]) == 384
+    assert common_prefix_len(ids[("s0", 0)], ids[("s0", 1)]) == 384

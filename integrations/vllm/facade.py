@@ -25,6 +25,10 @@ Observation -> event (where):
 * ``BlockPool.get_new_blocks`` handing out a block id the facade still retains (only possible if
   a reference was lost) -> ``PageReused``.
 
+The events one hook observes reach the core together, in the order listed, through
+``Retire.handle_batch`` (one call per hook and per ``consume``; the same decisions as one by one).
+Receipts of a fenced request go one at a time, since each can admit the successor.
+
 Command -> action: ``Publish``/``Drop`` deliver or discard the frame (a dropped ``COMMIT`` refuses
 the step's commit); ``Fence`` aborts the requests (deferred to the step boundary while a step
 runs) and reports ``WriterClosed`` for their open pages and a ``Receipt`` per participant (ranks
@@ -395,9 +399,7 @@ class RetireEngine:
         contract: Contract = DEFAULT_CONTRACT,
         max_tokens: int = 16,
     ) -> int:
-        self._check_contract(contract)
-        tokens = self._check_prompt(prompt, max_tokens)
-        context = self._context(scope, tokens, contract)
+        tokens, context = self._prepare(scope, prompt, contract, max_tokens)
         record = VersionRecord(scope, 0, tokens, max_tokens, contract, context, self.clock())
 
         def accept() -> None:
@@ -414,9 +416,7 @@ class RetireEngine:
         contract: Contract = DEFAULT_CONTRACT,
         max_tokens: int = 16,
     ) -> int:
-        self._check_contract(contract)
-        tokens = self._check_prompt(prompt, max_tokens)
-        context = self._context(scope, tokens, contract)
+        tokens, context = self._prepare(scope, prompt, contract, max_tokens)
 
         def accept() -> None:
             version = self.retire.current_version(scope)
@@ -1141,6 +1141,14 @@ class RetireEngine:
         self._release_handoff_pins(req)  # the successor's own references hold them now
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _prepare(
+        self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int
+    ) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Check a request (raises before anything changes) and derive its block context."""
+        self._check_contract(contract)
+        tokens = self._check_prompt(prompt, max_tokens)
+        return tokens, self._context(scope, tokens, contract)
 
     def _context(self, scope: str, tokens: tuple[int, ...], contract: Contract) -> tuple[str, ...]:
         return identity.prefix_identities(

@@ -20,7 +20,7 @@ from retire_vllm import faults, identity
 from retire_vllm import introspect as ix
 from retire_vllm.checker import Checker
 from retire_vllm.engine_config import greedy
-from tests.vllm.support import attached, build, build_reference, shutdown, tokens
+from tests.vllm.support import attached, build, shutdown, tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -33,13 +33,6 @@ def engine() -> Iterator[Any]:
     eng = build(num_blocks=NUM_BLOCKS)
     yield eng
     shutdown(eng)
-
-
-@pytest.fixture(scope="module")
-def checker() -> Iterator[Checker]:
-    ref = build_reference(num_blocks=256)
-    yield Checker(ref)
-    shutdown(ref)
 
 
 # --- inheritance --------------------------------------------------------------------------------

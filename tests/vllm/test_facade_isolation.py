@@ -22,7 +22,6 @@ from tests.vllm.support import (
     assert_engine_clean,
     attached,
     build,
-    build_reference,
     shutdown,
     tokens,
 )
@@ -35,13 +34,6 @@ def engine() -> Iterator[Any]:
     eng = build(num_blocks=256)
     yield eng
     shutdown(eng)
-
-
-@pytest.fixture(scope="module")
-def checker() -> Iterator[Checker]:
-    ref = build_reference(num_blocks=256)
-    yield Checker(ref)
-    shutdown(ref)
 
 
 def _late_step_run(facade: RetireEngine, rng: random.Random) -> dict[str, list[int]]:

@@ -19,7 +19,7 @@ import pytest
 from retire_core import DEFAULT_CONTRACT
 from retire_vllm.checker import Checker
 from tests.vllm.native_baseline import NativeEngine
-from tests.vllm.support import attached, build, build_reference, shutdown, tokens
+from tests.vllm.support import attached, build, shutdown, tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -34,13 +34,6 @@ def engine() -> Iterator[Any]:
     eng = build(num_blocks=512)
     yield eng
     shutdown(eng)
-
-
-@pytest.fixture(scope="module")
-def checker() -> Iterator[Checker]:
-    ref = build_reference(num_blocks=256)
-    yield Checker(ref)
-    shutdown(ref)
 
 
 def trial_plan(i: int) -> dict[str, Any]:
