@@ -64,6 +64,8 @@ def _configure_replay(p: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    from retire_vllm.default_model import SIZES  # no vLLM or torch import
+
     p.add_argument("--reps", type=int, default=2, help="interleaved repetitions per system")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace times by this")
     p.add_argument(
@@ -75,8 +77,24 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cleanup-limit-s", type=float, default=None)
     p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in 32-token blocks")
     p.add_argument("--model", default=None, help="model directory (default: tiny default model)")
+    p.add_argument(
+        "--model-size",
+        choices=tuple(SIZES),
+        default="tiny",
+        help="without --model: which locally built default model (small: a heavier step)",
+    )
     p.add_argument("--plots", type=Path, default=None, help="write plots into this directory")
     p.add_argument("--no-progress", action="store_true")
+
+
+def _model(args: argparse.Namespace) -> str | None:
+    """``--model``, else the locally built default model of ``--model-size`` (``None``: the
+    engine's own default, the tiny model)."""
+    if args.model is None and args.model_size != "tiny":
+        from retire_vllm.default_model import ensure_default_model
+
+        args.model = str(ensure_default_model(size=args.model_size))
+    return args.model  # type: ignore[no-any-return]
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -91,7 +109,7 @@ def _config(args: argparse.Namespace) -> Any:
         cleanup_limit_s=args.cleanup_limit_s,
         reps=args.reps,
         engine_overrides=overrides,
-        model_path=args.model,
+        model_path=_model(args),
     )
 
 
@@ -154,8 +172,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    print("[1/5] tiny default model", file=sys.stderr)
-    if args.model is None:
+    print(f"[1/5] {args.model_size} default model", file=sys.stderr)
+    if _model(args) is None:
         from retire_vllm.default_model import ensure_default_model
 
         args.model = str(ensure_default_model())

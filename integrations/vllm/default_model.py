@@ -8,7 +8,10 @@ token, plus a byte-level BPE tokenizer trained locally with `tokenizers` on gene
 result lives in a cache directory named after a short hash of the recipe and the seed
 (``<repo>/.cache/retire/default-model-<hash>`` unless ``$RETIRE_CACHE`` or ``cache_dir`` says
 otherwise), is reused when complete, and is written atomically (temporary directory + rename).
-``python -m retire_vllm.default_model [--seed N] [--cache-dir DIR]`` prints the path.
+``python -m retire_vllm.default_model [--seed N] [--size tiny|small] [--cache-dir DIR]`` prints
+the path. ``--size small`` builds a larger model of the same recipe (hidden 512, 4 layers), for
+measurements that need an engine step closer to a real model's (the overhead's share of step time);
+the tiny model stays the default everywhere.
 """
 
 from __future__ import annotations
@@ -53,6 +56,28 @@ MODEL_CONFIG: Final[dict[str, Any]] = {
     "eos_token_id": 0,
     "pad_token_id": 0,
 }
+
+#: Model sizes: changes to ``MODEL_CONFIG``. ``tiny`` is the default every test and benchmark
+#: runs; ``small`` (about 14M parameters) only serves measurements that want a heavier step.
+SIZES: Final[dict[str, dict[str, Any]]] = {
+    "tiny": {},
+    "small": {
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+    },
+}
+
+
+def model_config(size: str = "tiny") -> dict[str, Any]:
+    """``MODEL_CONFIG`` with the changes of ``size`` (ValueError for an unknown size)."""
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; known: {', '.join(SIZES)}")
+    return {**MODEL_CONFIG, **SIZES[size]}
+
 
 #: Files whose presence marks a complete model directory.
 REQUIRED_FILES: Final[tuple[str, ...]] = (
@@ -140,20 +165,24 @@ _WORDS: Final[tuple[str, ...]] = (
 )
 
 
-def recipe() -> dict[str, Any]:
-    """Everything that determines the produced files, except the seed."""
-    return {
+def recipe(size: str = "tiny") -> dict[str, Any]:
+    """Everything that determines the produced files, except the seed. (The tiny model's recipe
+    has no size entry, so its hash, and its cache directory, predate the sizes.)"""
+    out: dict[str, Any] = {
         "recipe_version": RECIPE_VERSION,
         "architecture": "Qwen3ForCausalLM",
-        "model_config": MODEL_CONFIG,
+        "model_config": model_config(size),
         "init_std": INIT_STD,
         "tokenizer": {"kind": "byte-level-bpe", "vocab_size": VOCAB_SIZE, "eos": EOS_TOKEN},
     }
+    if size != "tiny":
+        out["size"] = size
+    return out
 
 
-def model_hash(seed: int = 0) -> str:
+def model_hash(seed: int = 0, size: str = "tiny") -> str:
     """Short, stable hash of the recipe and the seed (names the cache directory)."""
-    blob = json.dumps({"recipe": recipe(), "seed": seed}, sort_keys=True).encode()
+    blob = json.dumps({"recipe": recipe(size), "seed": seed}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -217,14 +246,14 @@ def _build_tokenizer(seed: int, out_dir: Path) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def _build_model(seed: int, out_dir: Path) -> None:
+def _build_model(seed: int, out_dir: Path, size: str = "tiny") -> None:
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
-    config = Qwen3Config(**MODEL_CONFIG)
+    config = Qwen3Config(**model_config(size))
     config.dtype = torch.float32
     with torch.device("meta"):
         skeleton = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
@@ -252,24 +281,28 @@ def _build_model(seed: int, out_dir: Path) -> None:
     ).save_pretrained(str(out_dir))
 
 
-def ensure_default_model(cache_dir: Path | None = None, seed: int = 0) -> Path:
-    """Return the directory of the default model for ``seed``, building it if absent.
+def ensure_default_model(
+    cache_dir: Path | None = None, seed: int = 0, size: str = "tiny"
+) -> Path:
+    """Return the directory of the default model for ``seed`` (and ``size``), building it if
+    absent.
 
     ``cache_dir`` is the parent directory (default: :func:`default_cache_root`).  Safe to call
     concurrently: each builder writes a private temporary directory and renames it into place;
     a loser of the race discards its copy.
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-    target = root / f"default-model-{model_hash(seed)}"
+    name = "default-model" if size == "tiny" else f"default-model-{size}"
+    target = root / f"{name}-{model_hash(seed, size)}"
     if is_complete(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
     try:
         _build_tokenizer(seed, tmp)
-        _build_model(seed, tmp)
+        _build_model(seed, tmp, size)
         (tmp / "retire_recipe.json").write_text(
-            json.dumps({"recipe": recipe(), "seed": seed}, indent=2, sort_keys=True) + "\n"
+            json.dumps({"recipe": recipe(size), "seed": seed}, indent=2, sort_keys=True) + "\n"
         )
         for child in tmp.iterdir():
             child.chmod(0o644)
@@ -292,9 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m retire_vllm.default_model", description=__doc__
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny")
     parser.add_argument("--cache-dir", type=Path, default=None)
     args = parser.parse_args(argv)
-    print(ensure_default_model(args.cache_dir, args.seed))
+    print(ensure_default_model(args.cache_dir, args.seed, args.size))
     return 0
 
 

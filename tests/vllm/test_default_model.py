@@ -12,10 +12,13 @@ import pytest
 from retire_vllm.default_model import (
     MODEL_CONFIG,
     REQUIRED_FILES,
+    SIZES,
     VOCAB_SIZE,
     ensure_default_model,
     is_complete,
+    model_config,
     model_hash,
+    recipe,
 )
 
 pytestmark = pytest.mark.vllm
@@ -45,6 +48,27 @@ def test_other_seed_other_model(tmp_path: Path) -> None:
     c = ensure_default_model(tmp_path, seed=1)
     assert a != c
     assert _digest_dir(a)["model.safetensors"] != _digest_dir(c)["model.safetensors"]
+
+
+def test_sizes_name_their_own_recipe_and_leave_the_tiny_one_alone() -> None:
+    # The tiny recipe (and so its cache directory) is the one from before sizes existed.
+    assert "size" not in recipe("tiny") and recipe("tiny")["model_config"] == MODEL_CONFIG
+    assert model_hash(0, "tiny") == model_hash(0)
+    small = model_config("small")
+    assert small == {**MODEL_CONFIG, **SIZES["small"]}
+    assert small["hidden_size"] > MODEL_CONFIG["hidden_size"]
+    assert recipe("small")["size"] == "small"
+    assert model_hash(0, "small") != model_hash(0)
+    with pytest.raises(ValueError, match="unknown model size 'huge'"):
+        model_config("huge")
+
+
+def test_small_size_builds_its_own_directory(tmp_path: Path) -> None:
+    small = ensure_default_model(tmp_path, seed=0, size="small")
+    assert small.name == f"default-model-small-{model_hash(0, 'small')}" and is_complete(small)
+    config = json.loads((small / "config.json").read_text())
+    assert config["hidden_size"] == SIZES["small"]["hidden_size"]
+    assert config["num_hidden_layers"] == SIZES["small"]["num_hidden_layers"]
 
 
 def test_incomplete_directory_is_rebuilt(tmp_path: Path) -> None:
