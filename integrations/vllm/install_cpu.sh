@@ -42,6 +42,7 @@ for name in ("torchvision", "torchaudio", "torchcodec", "triton"):
     assert importlib.util.find_spec(name) is None, name
 import retire_vllm  # noqa: F401  (project installed in this venv)
 import matplotlib  # noqa: F401  (plots of the evaluation: the bench extra)
+import xxhash  # noqa: F401  (KV block digests: added to the vllm-cpu extra later than vllm)
 EOF
 }
 
