@@ -29,7 +29,8 @@ scenario: setup
 	$(VENV)/bin/retire scenario
 
 lint: setup
-	$(VENV)/bin/ruff check spec retire_core
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict spec retire_core
 
 test-core: setup lint

@@ -64,8 +64,16 @@ def generated() -> str:
         parts.append(f"| `{cls.__name__}` | {_fields(cls)} | {_doc(cls)} |")
     parts += ["", "### Commands", "", "| command | fields | meaning |", "|---|---|---|"]
     for name in (
-        "Publish", "Drop", "Fence", "AllowWrite", "FenceWrite", "PinCertified", "Adopt", "Unpin",
-        "Admit", "Free",
+        "Publish",
+        "Drop",
+        "Fence",
+        "AllowWrite",
+        "FenceWrite",
+        "PinCertified",
+        "Adopt",
+        "Unpin",
+        "Admit",
+        "Free",
     ):
         cls = getattr(commands, name)
         parts.append(f"| `{name}` | {_fields(cls)} | {_doc(cls)} |")

@@ -12,6 +12,7 @@ draw from this one list.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import attrs
 
@@ -178,10 +179,84 @@ _MODE, _EPOCH, _ADMITTED, _USED, _CLOSED, _FRAME_STATE, _ALLOC, _WRITER = (
 )
 
 
+class _Recorder:
+    """A stand-in for a ``Lockstep`` that answers ``env_moves``'s guard questions from the real
+    harness and records them (``Offers``)."""
+
+    __slots__ = ("asked", "faults", "ls", "pending_reports", "spec", "uni")
+
+    def __init__(self, ls: Lockstep) -> None:
+        self.ls = ls
+        self.uni = ls.uni
+        self.spec = ls.spec
+        self.pending_reports = ls.pending_reports
+        self.faults = ls.faults
+        self.asked: list[tuple[ActionInstance, bool]] = []
+
+    def spec_enabled(self, inst: ActionInstance) -> bool:
+        answer = self.ls.spec_enabled(inst)
+        self.asked.append((inst, answer))
+        return answer
+
+
+class Offers:
+    """``env_moves`` memoized on exactly what it reads. It reads eight columns of the spec state
+    (scope modes, epochs and admission, participants used and closed, frame states, pages
+    allocated and with an open writer), which scopes await a byte check, whether the fault
+    budget is spent, and the guards of the instances it asks ``spec_enabled`` about; which
+    instances it asks about depends on the former alone. So the memo is keyed in two levels:
+    the projection finds the instances asked about (recorded on the first call), their guards
+    are evaluated in the current state, and projection plus answers find the move list (and
+    whether it offers a completion move: a state offering none is quiescent)."""
+
+    def __init__(self, budget: Budget, completion: frozenset[str], limit: int = 300_000) -> None:
+        self.budget = budget
+        self.completion = completion
+        self.limit = limit
+        self._asked: dict[tuple[Any, ...], tuple[ActionInstance, ...]] = {}
+        self._moves: dict[tuple[Any, ...], tuple[list[ActionInstance], bool]] = {}
+
+    def __call__(self, ls: Lockstep) -> tuple[list[ActionInstance], bool]:
+        proj = self.projection(ls)
+        asked = self._asked.get(proj)
+        if asked is not None:
+            enabled = ls.spec_enabled
+            key = (proj, tuple([enabled(inst) for inst in asked]))
+            found = self._moves.get(key)
+            if found is not None:
+                return found
+        if len(self._moves) >= self.limit:
+            self._moves.clear()
+            self._asked.clear()
+        recorder = _Recorder(ls)
+        moves = env_moves(recorder, self.budget)  # type: ignore[arg-type]
+        self._asked[proj] = tuple(inst for inst, _ in recorder.asked)
+        key = (proj, tuple(answer for _, answer in recorder.asked))
+        found = self._moves[key] = (moves, any(m.name in self.completion for m in moves))
+        return found
+
+    def projection(self, ls: Lockstep) -> tuple[Any, ...]:
+        """Everything ``env_moves`` reads but the guards it asks about."""
+        c = ls.spec.cells
+        pending = ls.pending_reports
+        return (
+            c[_MODE],
+            c[_EPOCH],
+            c[_ADMITTED],
+            c[_USED],
+            c[_CLOSED],
+            c[_FRAME_STATE],
+            c[_ALLOC],
+            c[_WRITER],
+            tuple(pending) if pending else (),
+            ls.faults < self.budget.faults,
+        )
+
+
 def apply_move(ls: Lockstep, move: ActionInstance) -> Outcome:
     if move.name == "report":
         return ls.report(move.args[0])
     return ls.env(move)
 
 
-__all__ = ["CANCELLED", "Budget", "apply_move", "env_moves"]
+__all__ = ["CANCELLED", "Budget", "Offers", "apply_move", "env_moves"]

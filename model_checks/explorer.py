@@ -33,16 +33,31 @@ import attrs
 
 import retire_core as rc
 from retire_checks.abstraction import Universe, canonical_function, fast_canonical
-from retire_checks.environment import Budget, apply_move, env_moves
-from retire_checks.lockstep import Lockstep, Outcome, RefinementError, StepMemo
+from retire_checks.environment import Budget, Offers, apply_move, env_moves
+from retire_checks.lockstep import (
+    _NOTHING,
+    _REJECTED,
+    BY_FRAME,
+    BY_LAUNCH,
+    BY_MOVE,
+    WORLD,
+    Lockstep,
+    Outcome,
+    RefinementError,
+    StepMemo,
+)
 from retire_checks.symmetry import Symmetry
 from retire_spec.actions import ACTION_BY_NAME, ACTIONS, Action, ActionInstance
 from retire_spec.codegen import compiler
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS, QUIESCENCE, Invariant
-from retire_spec.schema import PAUSED, Bounds, SpecState, initial_state
+from retire_spec.schema import COLUMN_INDEX, PAUSED, Bounds, SpecState, initial_state
 
 StepFn = Callable[[rc.CoreState, Any], rc.Step]
+
+_FRAME_SCOPE, _FRAME_VER, _FRAME_KIND, _PAGE_DATA = (
+    COLUMN_INDEX[name] for name in ("frame_scope", "frame_ver", "frame_kind", "page_data")
+)
 
 # Moves by which the engine completes what was started; a state offering none is quiescent.
 COMPLETION = frozenset({"receipt", "deliver", "close_writer", "report"})
@@ -127,29 +142,24 @@ PATHS = (
 ALL_PROBES = STAGES + CORE_TRANSITIONS + ENV_MOVES + REASONS + PATHS
 
 
-def probe_hits(
-    move: ActionInstance, out: Outcome, before: SpecState, bounds: Bounds
-) -> list[str]:
+def probe_hits(move: ActionInstance, out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
     """The probes one explored transition hits (``before``: the spec state it started in)."""
+    return static_hits(move, out) + dynamic_hits(out, before, bounds)
+
+
+def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
+    """The probes of a transition that depend on the move's name and the outcome alone."""
     hits = [f"move:{move.name}"]
+    actions = set()
     for t in out.transitions:
-        hits.append(f"stage:{t.stage.value}")
-        hits.append(f"transition:{t.action}")
-        if t.reason is not None:
-            hits.append(f"{t.action}:{t.reason}")
         a = t.action
-        if a == "resume" and t.version:
-            hits.append("path:cold_resume" if t.arg("cold") else "path:warm_resume")
-        elif a == "publish" and before["scope_mode"][_slot(t.scope)] == PAUSED:
-            hits.append("path:publish_while_paused")
-        elif a == "drop" and t.version is not None:
-            if before["scope_epoch"][_slot(t.scope)] - t.version >= 2:
-                hits.append("path:drop_two_versions_back")
-        elif a == "fence_write" and t.reason == "page_of_another_scope":
-            s = _slot(t.scope)
-            if before["page_fp"][t.arg("page")] != bounds.fingerprints[s]:
-                hits.append("path:cross_tenant_write_fenced")
-    actions = {t.action for t in out.transitions}
+        actions.add(a)
+        # a transition's hits depend on these four values alone (memoized on them)
+        sig = (a, t.stage, t.reason, bool(t.version) and t.arg("cold") if a == "resume" else 0)
+        found = _TRANSITION_HITS.get(sig)
+        if found is None:
+            found = _TRANSITION_HITS[sig] = _transition_hits(t)
+        hits.extend(found)
     if "adopt" in actions and "release" in actions:
         hits.append("path:partial_adoption")
     for c in out.commands:
@@ -161,34 +171,75 @@ def probe_hits(
     return hits
 
 
+def _transition_hits(t: rc.Transition) -> tuple[str, ...]:
+    hits = [f"stage:{t.stage.value}", f"transition:{t.action}"]
+    if t.reason is not None:
+        hits.append(f"{t.action}:{t.reason}")
+    if t.action == "resume" and t.version:
+        hits.append("path:cold_resume" if t.arg("cold") else "path:warm_resume")
+    return tuple(hits)
+
+
+_TRANSITION_HITS: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+
+def dynamic_hits(out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
+    """The probes of a transition that read the spec state it started in (publish while
+    paused, a drop two versions back, a write fenced across tenants)."""
+    hits = []
+    for t in out.transitions:
+        a = t.action
+        if a == "publish" and before["scope_mode"][_slot(t.scope)] == PAUSED:
+            hits.append("path:publish_while_paused")
+        elif a == "drop" and t.version is not None:
+            if before["scope_epoch"][_slot(t.scope)] - t.version >= 2:
+                hits.append("path:drop_two_versions_back")
+        elif a == "fence_write" and t.reason == "page_of_another_scope":
+            s = _slot(t.scope)
+            if before["page_fp"][t.arg("page")] != bounds.fingerprints[s]:
+                hits.append("path:cross_tenant_write_fenced")
+    return hits
+
+
 class ProbeTally:
-    """Probe counts of a search. The step memo hands out shared ``Outcome`` objects, and the hits
-    of most of them depend on the move's name and the outcome alone (not on the state before):
-    those are computed once per (move name, outcome) and counted; the rest (publish, drop and
-    cross-scope write fences, which read the state before) are computed every time."""
+    """Probe counts of a search. The step memo hands out shared ``Outcome`` objects, and most
+    hits depend on the move's name and the outcome alone: those are computed once per shared
+    outcome (for an outcome without transitions or commands, once per move name) and counted,
+    then multiplied out by ``flush``; the hits that read the state before (publish, drop and
+    cross-scope write fences) are computed every time by ``dynamic_hits``. An outcome's entry
+    keeps the outcome, so its id is not reused while the entry exists."""
 
     def __init__(self, bounds: Bounds, limit: int = 200_000) -> None:
         self.bounds = bounds
         self.limit = limit
         self.counts: Counter[str] = Counter()
-        self._seen: dict[tuple[str, int], list[Any]] = {}
+        # key -> [outcome, static hits, count, whether the outcome has dynamic hits]
+        self._seen: dict[Any, list[Any]] = {}
+        self._hits: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def key(self, move: ActionInstance, out: Outcome) -> Any:
+        return id(out) if out.transitions or out.commands else move.name
+
+    def entry(self, key: Any, move: ActionInstance, out: Outcome) -> list[Any]:
+        if len(self._seen) >= self.limit:
+            self.flush()
+        dynamic = any(_reads_before(t) for t in out.transitions)
+        hits = tuple(static_hits(move, out))
+        hits = self._hits.setdefault(hits, hits)  # one tuple per distinct list of hits
+        entry = self._seen[key] = [out, hits, 0, dynamic]
+        return entry
 
     def add(self, move: ActionInstance, out: Outcome, before: SpecState) -> None:
-        key = (move.name, id(out) if out.transitions or out.commands else 0)
+        key = self.key(move, out)
         entry = self._seen.get(key)
         if entry is None:
-            hits = probe_hits(move, out, before, self.bounds)
-            if any(_reads_before(t) for t in out.transitions):
-                self.counts.update(hits)
-                return
-            if len(self._seen) >= self.limit:
-                self.flush()
-            # the outcome is kept so that its id is not reused while the entry exists
-            entry = self._seen[key] = [out, hits, 0]
+            entry = self.entry(key, move, out)
         entry[2] += 1
+        if entry[3]:
+            self.counts.update(dynamic_hits(out, before, self.bounds))
 
     def flush(self) -> Counter[str]:
-        for _, hits, n in self._seen.values():
+        for _, hits, n, _ in self._seen.values():
             for hit in hits:
                 self.counts[hit] += n
         self._seen.clear()
@@ -348,32 +399,14 @@ def _explore(
     quiescence = [(q.name, ls.compiled.predicate(q.holds)) for q in QUIESCENCE]
     tally = ProbeTally(bounds)
     probes = tally.counts
-    # Fingerprints of raw joint states. The memo hands back interned core and spec objects, so
-    # raw states are keyed by the identities of their core and spec (each entry holds both
-    # objects, so neither id can be reused while it exists): a repeated raw state costs one
-    # lookup of a key of small ints.
-    fps: dict[tuple[Any, ...], tuple[Any, SpecState, int, SpecState]] = {}
+    seen = tally._seen
     canonical = canonical_function(bounds)
-
-    def fingerprint() -> tuple[int, SpecState]:
-        core, spec = ls.core, ls.spec
-        pending = ls.pending_reports
-        raw = (id(core), id(spec), tuple(pending.items()) if pending else (), ls.faults)
-        hit = fps.get(raw)
-        if hit is None:
-            if len(fps) >= memo.limit:
-                fps.clear()
-            canon = canonical(spec)
-            fp = sym.fingerprint(core, canon, pending, ls.faults)
-            hit = fps[raw] = (core, spec, fp, canon)
-        return hit[2], hit[3]
-
-    # ``env_moves`` by (spec state id, pending byte checks, faults used); each entry holds
-    # its spec state, so the id is not reused while the entry exists
-    offers: dict[tuple[Any, ...], tuple[SpecState, list[ActionInstance], bool]] = {}
+    # fingerprint and canonical spec of a raw joint state (see the loop)
+    fps: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    offer = Offers(budget, COMPLETION)  # ``env_moves``, memoized on what it reads
     # parent map: fingerprint -> (parent fingerprint, move); the root maps to None.
     parents: dict[int, tuple[int, ActionInstance] | None] = {}
-    root = fingerprint()[0]
+    root = sym.fingerprint_raw(ls.core, ls.spec, ls.pending_reports, ls.faults, canonical)[0]
     parents[root] = None
     transitions = 0
     max_depth = 0
@@ -398,21 +431,21 @@ def _explore(
         return ExploreResult(config, 1, 0, 0, 0.0, 0, True, probes, cex)
     queue: deque[tuple[tuple[Any, ...], int, int]] = deque([(ls.snapshot(), root, 0)])
     cap = config.max_states
+    # the hot loop's bindings: the harness's step (new core steps, byte-check reports), the
+    # legality judgement of a refused move, the memo's event tables and spec interning
+    step = ls.move
+    new_step = ls.new_core_step
+    check_commands = ls._check_commands
+    legal = ls._legal
+    fingerprint_raw = sym.fingerprint_raw
+    events = memo.events
+    intern = memo.specs.setdefault
+    # per move (by identity; each entry holds its move): how its core-step table is found
+    plans: dict[int, tuple[Any, ...]] = {}
     while queue:
         snap, fp, depth = queue.popleft()
         ls.restore(snap)
-        # The moves offered depend on the spec state, the pending byte checks and the faults
-        # used alone; the memo is keyed by the (interned) spec state's identity.
-        pending = ls.pending_reports
-        offer_key = (id(ls.spec), tuple(pending) if pending else (), ls.faults)
-        offered = offers.get(offer_key)
-        if offered is None:
-            if len(offers) >= memo.limit:
-                offers.clear()
-            moves = env_moves(ls, budget)
-            completes = any(m.name in COMPLETION for m in moves)
-            offered = offers[offer_key] = (ls.spec, moves, completes)
-        _, moves, completes = offered
+        moves, completes = offer(ls)
         if not completes:
             quiescent += 1
             probes["path:quiescent"] += 1
@@ -426,16 +459,107 @@ def _explore(
                     violated=tuple(broken),
                 )
                 break
-        before = ls.spec
-        step = ls.move
-        core0, spec0, launched0, pending0, faults0 = snap
+        spec0 = ls.spec
+        core0, launched0, pending0, faults0 = ls.core, ls.launched, ls.pending_reports, ls.faults
+        cid0 = id(core0)
         for move in moves:
-            # ``restore`` (the harness copies its dicts on write, so the snapshot's are shared)
-            ls.core, ls.spec, ls.launched, ls.pending_reports = core0, spec0, launched0, pending0
-            ls.faults = faults0
             transitions += 1
+            plan = plans.get(id(move))
+            if plan is None or plan[0] is not move:
+                plan = plans[id(move)] = ls.plan(move)
+            kind = plan[1]
             try:
-                out = step(move)
+                if kind < WORLD:
+                    # ``Lockstep.move``, inlined. The event's core-step table is found exactly
+                    # as ``Lockstep._event`` finds it (the same keys, the same memo).
+                    if kind == BY_MOVE:
+                        ek: Any = plan[3]
+                    elif kind == BY_LAUNCH:
+                        ek = (plan[3], launched0.get(plan[4]))
+                    elif kind == BY_FRAME:
+                        f = plan[4]
+                        cells = spec0.cells
+                        ek = (
+                            plan[3],
+                            cells[_FRAME_SCOPE][f],
+                            cells[_FRAME_VER][f],
+                            cells[_FRAME_KIND][f],
+                        )
+                    else:
+                        ek = (plan[3], spec0.cells[_PAGE_DATA][plan[4]])
+                    hit = events.get(ek)
+                    if hit is None or hit[0] is not move:
+                        ls.spec, ls.launched = spec0, launched0
+                        event, table = ls._event(move)
+                    else:
+                        event, table = hit[1], hit[2]
+                    found = table.get(cid0)
+                    if found is None:  # a new core step: computed, interned and recorded
+                        ls.core = core0
+                        entry = new_step(event, table)
+                        fresh = True
+                    else:
+                        entry = found[1]
+                        fresh = False
+                    faults = faults0 + plan[2]
+                    if entry is _REJECTED:
+                        # a typed refusal changes neither side (a fault move is still spent)
+                        ls.spec = spec0
+                        if legal(move):
+                            raise RefinementError(f"the core refused {move}, which the spec allows")
+                        core, spec, launched, pending = core0, spec0, launched0, pending0
+                        out = _NOTHING
+                    else:
+                        # each spec step's guard is checked now, in the spec state it is
+                        # taken in
+                        core, out, launches, pins, spec_steps = entry
+                        spec = spec0
+                        if spec_steps:
+                            for si, fn in spec_steps:
+                                nxt = fn(spec)
+                                if nxt is None:
+                                    raise RefinementError(
+                                        f"the spec does not allow {si} here (after this step)"
+                                    )
+                                spec = nxt
+                            spec = intern(spec.cells, spec)
+                        if fresh:  # commands against transitions, once per core step
+                            check_commands(out)
+                        if launches:
+                            launched = dict(launched0)
+                            for q, sv in launches:
+                                launched[q] = sv
+                        else:
+                            launched = launched0
+                        if pins:
+                            pending = dict(pending0)
+                            for s, v in pins:
+                                pending[s] = v
+                        else:
+                            pending = pending0
+                        if core is core0 and not out.transitions and not out.commands:
+                            ls.spec = spec0
+                            if legal(move):
+                                raise RefinementError(
+                                    f"the core refused {move}, which the spec allows"
+                                )
+                elif kind == WORLD:
+                    # a world-only move changes the spec alone (``Lockstep.env``)
+                    nxt = plan[3](spec0)
+                    if nxt is None:
+                        raise RefinementError(
+                            f"the spec does not allow {move} here (after this step)"
+                        )
+                    core, launched, pending = core0, launched0, pending0
+                    spec = intern(nxt.cells, nxt)
+                    faults = faults0 + plan[2]
+                    out = plan[4]
+                else:  # a byte-check report: through the harness
+                    ls.core, ls.spec, ls.launched = core0, spec0, launched0
+                    ls.pending_reports, ls.faults = pending0, faults0
+                    out = step(move)
+                    core, spec, launched = ls.core, ls.spec, ls.launched
+                    pending, faults = ls.pending_reports, ls.faults
             except RefinementError as err:
                 violation = Counterexample(
                     config, (*path_to(fp), move), str(err), violated=err.invariants
@@ -448,21 +572,47 @@ def _explore(
                     f"the core raised {type(err).__name__} (not a RetireError): {err}",
                 )
                 break
-            tally.add(move, out, before)
+            # probes: per shared outcome (or per move name for an outcome without effect)
+            tkey: Any = id(out) if out.transitions or out.commands else move.name
+            counted = seen.get(tkey)
+            if counted is None:
+                counted = tally.entry(tkey, move, out)
+            counted[2] += 1
+            if counted[3]:
+                probes.update(dynamic_hits(out, spec0, bounds))
             if (
-                ls.core is core0
-                and ls.spec is spec0
-                and ls.pending_reports is pending0
-                and ls.faults == faults0
-                and ls.launched is launched0
+                core is core0
+                and spec is spec0
+                and pending is pending0
+                and faults == faults0
+                and launched is launched0
             ):
                 continue  # back in the state being expanded: already in ``parents``
-            child, canon = fingerprint()
+            # raw joint states are keyed by the identities of their (interned) core and spec;
+            # each entry holds both objects, so neither id is reused while it exists
+            raw = (id(core), id(spec), tuple(pending.items()) if pending else (), faults)
+            fhit = fps.get(raw)
+            if fhit is None:
+                if len(fps) >= memo.limit:
+                    fps.clear()
+                fhit = fps[raw] = (
+                    core,
+                    spec,
+                    *fingerprint_raw(core, spec, pending, faults, canonical),
+                )
+            child = fhit[2]
             if child in parents:
                 continue
             parents[child] = (fp, move)
+            ls.core, ls.spec, ls.launched, ls.pending_reports, ls.faults = (
+                core,
+                spec,
+                launched,
+                pending,
+                faults,
+            )
             try:
-                ls.check_state(canon)
+                ls.check_state(fhit[3])
             except RefinementError as err:
                 violation = Counterexample(
                     config, (*path_to(fp), move), str(err), violated=err.invariants
@@ -470,7 +620,8 @@ def _explore(
                 break
             if depth + 1 > max_depth:
                 max_depth = depth + 1
-            queue.append((ls.snapshot(), child, depth + 1))
+            # ``launched`` and ``pending`` are copied on write by the harness: shared safely
+            queue.append(((core, spec, launched, pending, faults), child, depth + 1))
         if violation is not None:
             break
         memo.trim()

@@ -93,7 +93,8 @@ class StepMemo:
         self.abstract: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
         # one object per distinct core / spec state, so that memo hits compare by identity
         self.cores: dict[Any, Any] = {}
-        self.specs: dict[SpecState, SpecState] = {}
+        # (keyed by the cells tuple: a C-level hash and comparison; equal cells, equal states)
+        self.specs: dict[tuple[Any, ...], SpecState] = {}
 
     def trim(self) -> None:
         if self.size >= self.limit:
@@ -134,6 +135,8 @@ _COMMAND_BY_TYPE: dict[type, tuple[str, type, str]] = {
     if not any(other is not cls and issubclass(cls, other) for _, other, _ in _COMMAND_CHECKS)
 }
 _NOTHING = Outcome((), (), ())
+# ``Lockstep.plan``'s kinds of move (the core moves first, ordered as the explorer tests them).
+BY_MOVE, BY_LAUNCH, BY_FRAME, BY_PAGE_DATA, WORLD, OTHER = range(6)
 _FRAME_SCOPE, _FRAME_VER, _FRAME_KIND, _PAGE_DATA = (
     COLUMN_INDEX[name] for name in ("frame_scope", "frame_ver", "frame_kind", "page_data")
 )
@@ -162,7 +165,7 @@ class Lockstep:
         self.I = Concrete(uni.bounds.sizes())
         # Guards, effects and invariants compiled from the same spec functions (``codegen``).
         self.compiled = compiler(uni.bounds)
-        self._guards: dict[ActionInstance, Predicate] = {}
+        self._guards: dict[int, tuple[ActionInstance, Predicate]] = {}
         self._steps: dict[ActionInstance, Successor] = {}
         self._instances: dict[tuple[Any, ...], tuple[ActionInstance, Successor] | None] = {}
         self._holds = tuple(self.compiled.predicate(inv.holds) for inv in invariants)
@@ -203,10 +206,14 @@ class Lockstep:
 
     # --- guards -------------------------------------------------------------------------
     def spec_enabled(self, inst: ActionInstance) -> bool:
-        guard = self._guards.get(inst)
-        if guard is None:
-            guard = self._guards[inst] = self.compiled.guard(self.actions[inst.name], inst.args)
-        return guard(self.spec)
+        # keyed by the instance's identity (moves are shared objects); each entry holds it
+        found = self._guards.get(id(inst))
+        if found is None or found[0] is not inst:
+            if len(self._guards) >= 100_000:
+                self._guards.clear()
+            guard = self.compiled.guard(self.actions[inst.name], inst.args)
+            found = self._guards[id(inst)] = (inst, guard)
+        return found[1](self.spec)
 
     def _spec_apply(self, inst: ActionInstance) -> None:
         memo = self.memo
@@ -216,7 +223,7 @@ class Lockstep:
             if nxt is _MISSING:
                 nxt = self._spec_next(inst)
                 if nxt is not None:
-                    nxt = memo.specs.setdefault(nxt, nxt)
+                    nxt = memo.specs.setdefault(nxt.cells, nxt)
                 memo.spec[key] = nxt
         else:
             nxt = self._spec_next(inst)
@@ -352,7 +359,7 @@ class Lockstep:
                         f"the spec does not allow {si} here (after {self._last()})"
                     )
                 spec = nxt
-            self.spec = memo.specs.setdefault(spec, spec) if memo is not None else spec
+            self.spec = memo.specs.setdefault(spec.cells, spec) if memo is not None else spec
         if launches:
             launched = dict(self.launched)
             for q, sv in launches:
@@ -364,6 +371,31 @@ class Lockstep:
         for s, v in pins:
             pending[s] = v
         self.pending_reports = pending
+
+    def plan(self, inst: ActionInstance) -> tuple[Any, ...]:
+        """How the explorer's loop takes ``inst`` (``explorer._explore``, which inlines ``move``
+        on a memo hit): ``(inst, kind, fault, a, b)``. For a core move, ``kind`` says what
+        ``_event_key`` adds to the move's identity ``a`` (``BY_LAUNCH``: the launch of
+        participant ``b``; ``BY_FRAME``: frame ``b``'s scope, version and kind; ``BY_PAGE_DATA``:
+        page ``b``'s bytes) so that the loop builds the very same key; ``WORLD``: a world-only
+        move, ``a`` its compiled successor and ``b`` its outcome; ``OTHER``: a byte-check
+        report. ``fault``: 1 if the move spends the fault budget."""
+        n, a = inst.name, inst.args
+        fault = 1 if n in FAULTS else 0
+        if n == "report":
+            return (inst, OTHER, 0, None, None)
+        if n in WORLD_ONLY:
+            return (inst, WORLD, fault, self._step_of(inst), Outcome((), (), (inst,)))
+        key = id(inst)
+        if n == "receipt":
+            return (inst, BY_LAUNCH, fault, key, a[0])
+        if n == "allocate" or n == "attempt_write":
+            return (inst, BY_LAUNCH, fault, key, a[1])
+        if n == "deliver":
+            return (inst, BY_FRAME, fault, key, a[0])
+        if n == "close_writer":
+            return (inst, BY_PAGE_DATA, fault, key, a[0])
+        return (inst, BY_MOVE, fault, key, None)
 
     def _event_key(self, inst: ActionInstance) -> Any:
         """The move by identity, plus exactly what else its core event is built from."""
@@ -471,6 +503,21 @@ class Lockstep:
             self.trace.append("  -> " + (steps_text or "(no spec step)"))
         return outcome
 
+    def new_core_step(self, event: Any, table: dict[int, Any]) -> Any:
+        """For the explorer's inlined ``move``: the core's step on ``event`` from the current
+        core state, not yet in ``table`` (the event's core-step table), computed by
+        ``_core_step`` and recorded there. The caller takes the spec steps (checking each
+        guard) and then checks the commands against the transitions (``_check_commands``),
+        as ``feed`` does for a new core step."""
+        self._current_event = event
+        core = self.core
+        entry = self._core_step(event)
+        table[id(core)] = (core, entry)
+        memo = self.memo
+        if memo is not None:
+            memo.size += 1
+        return entry
+
     def _core_step(self, event: Any) -> Any:
         """The core's step on ``event`` from the current core state, as a memo entry: the
         (interned) next state, the outcome, the participants launched, the byte checks
@@ -555,6 +602,10 @@ class Lockstep:
 
     def _check_commands(self, result: rc.Step | Outcome) -> None:
         """Each kind of command names exactly the frames or pages its transitions name."""
+        if not result.commands and not any(
+            t.action in _TRANSITION_CHECKS for t in result.transitions
+        ):
+            return
         commanded: dict[str, list[Any]] = {}
         for c in result.commands:
             found = _COMMAND_BY_TYPE.get(type(c))

@@ -143,6 +143,8 @@ class Symmetry:
         # not cache, so it is hashed once here; the fingerprint hashes that hash with the rest)
         self._specs: dict[SpecState, list[tuple[int, int, tuple[str, ...]]]] = {}
         self._cores: dict[tuple[Any, ...], tuple[rc.CoreState, int]] = {}
+        # per raw spec state (by identity): (the state, its canonical form, its renamed list)
+        self._raw: dict[int, tuple[SpecState, SpecState, Any]] = {}
 
     def fingerprint(
         self, core: rc.CoreState, spec: SpecState, pending: Mapping[int, int], faults: int
@@ -150,6 +152,39 @@ class Symmetry:
         """``spec`` must be in canonical form (``abstraction.fast_canonical``)."""
         if not self.enabled:
             return hash((core, spec.cells, tuple(sorted(pending.items())), faults))
+        return self._combine(self._renamed(spec), core, pending, faults)
+
+    def fingerprint_raw(
+        self,
+        core: rc.CoreState,
+        spec: SpecState,
+        pending: Mapping[int, int],
+        faults: int,
+        canonical: Callable[[SpecState], SpecState],
+    ) -> tuple[int, SpecState]:
+        """``fingerprint(core, canonical(spec), pending, faults)`` and ``canonical(spec)``, for a
+        spec state that is not (necessarily) canonical. Its half is memoized by the identity of
+        ``spec`` (the explorer interns spec states, so equal states meet the same entry; each
+        entry holds ``spec``, so its id is not reused while the entry exists, and a miss on an
+        equal but distinct object only recomputes): ``canonical`` is a pure function and the
+        renamed encodings a pure function of its result."""
+        found = self._raw.get(id(spec))
+        if found is None:
+            if len(self._raw) >= self.limit:
+                self._raw.clear()
+            canon = canonical(spec)
+            found = self._raw[id(spec)] = (
+                spec,
+                canon,
+                None if not self.enabled else self._renamed(canon),
+            )
+        canon = found[1]
+        renamed = found[2]
+        if renamed is None:
+            return self.fingerprint(core, canon, pending, faults), canon
+        return self._combine(renamed, core, pending, faults), canon
+
+    def _renamed(self, spec: SpecState) -> list[tuple[int, int, tuple[str, ...]]]:
         renamed = self._specs.get(spec)
         if renamed is None:
             if len(self._specs) >= self.limit:
@@ -159,6 +194,15 @@ class Symmetry:
                 spec_enc, part_map = self._rename_spec(spec.cells, ren)
                 renamed.append((hash(spec_enc), r, tuple(part_map[q] for q in self.part_names)))
             self._specs[spec] = renamed
+        return renamed
+
+    def _combine(
+        self,
+        renamed: list[tuple[int, int, tuple[str, ...]]],
+        core: rc.CoreState,
+        pending: Mapping[int, int],
+        faults: int,
+    ) -> int:
         if len(renamed) == 1:
             spec_hash, r, parts = renamed[0]
             if pending:
@@ -198,9 +242,7 @@ class Symmetry:
         # Participants: used ones first, ordered by everything the spec knows about them.
         n_parts = len(cells[_PART_USED])
         rows = zip(*[out[i] for i in _PART_COLS], strict=True) if _PART_COLS else [()] * n_parts
-        keyed = sorted(
-            zip([not u for u in cells[_PART_USED]], rows, range(n_parts), strict=True)
-        )
+        keyed = sorted(zip([not u for u in cells[_PART_USED]], rows, range(n_parts), strict=True))
         order = [q for _, _, q in keyed]
         if order != list(range(n_parts)):
             for i in _PART_COLS:

@@ -142,9 +142,7 @@ class Codegen:
             bounded = f"0 <= ({i} := {k.text}) < {col.length}"
             return Src(f"({col.text}[{i}] if {bounded} else {_OUTSIDE})")
         c = self._fresh()
-        return Src(
-            f"({c}[{i}] if 0 <= ({i} := {k.text}) < len({c} := {col.text}) else {_OUTSIDE})"
-        )
+        return Src(f"({c}[{i}] if 0 <= ({i} := {k.text}) < len({c} := {col.text}) else {_OUTSIDE})")
 
     def store(self, column: Val, key: Val, value: Val) -> Val:
         col, k, v = self._src(column), self._src(key), self._src(value)

@@ -15,8 +15,9 @@ import pytest
 import retire_core as rc
 from retire_checks import mutants
 from retire_checks.abstraction import Universe, fast_canonical
-from retire_checks.environment import Budget, apply_move, env_moves
+from retire_checks.environment import Budget, Offers, apply_move, env_moves
 from retire_checks.explorer import (
+    COMPLETION,
     QUICK,
     Config,
     Profile,
@@ -233,3 +234,61 @@ def test_memoized_moves_agree_with_the_recording_harness() -> None:
                 ), move
                 assert fast.snapshot() == ref.snapshot(), move
         assert hits > 50
+
+
+def _offers_disagree(offers: Offers, budget: Budget) -> int:
+    """How many walk states ``offers`` answers differently from ``env_moves`` (one memo for all
+    of them, so it is mostly answered from the memo)."""
+    wrong = 0
+    for ls in _walk_states(seeds=30):
+        moves, completes = offers(ls)
+        want = env_moves(ls, budget)
+        wrong += moves != want or completes != any(m.name in COMPLETION for m in want)
+    return wrong
+
+
+def test_the_offers_memo_is_env_moves() -> None:
+    """``Offers`` (the explorer's ``env_moves``, memoized on what it reads) answers exactly as
+    ``env_moves`` on walk states; a memo whose key forgets one column it reads does not, so the
+    comparison would catch an incomplete key."""
+    budget = Budget(faults=2, partial_writes=True)
+    assert _offers_disagree(Offers(budget, COMPLETION), budget) == 0
+
+    class Forgetful(Offers):
+        def projection(self, ls: Lockstep) -> tuple[Any, ...]:
+            key = super().projection(ls)
+            return key[:5] + key[6:]  # without the frame states
+
+    assert _offers_disagree(Forgetful(budget, COMPLETION), budget) > 0
+
+
+def test_raw_fingerprints_are_fingerprints_of_the_canonical_form() -> None:
+    """``Symmetry.fingerprint_raw`` (memoized by the identity of the raw spec state) is
+    ``fingerprint`` of the canonical form, on walk states met twice."""
+    sym = Symmetry(Universe.of(WALK))
+    states = _walk_states(seeds=20)
+    for ls in states + states:
+        canon = fast_canonical(ls.spec, WALK)
+        want = sym.fingerprint(ls.core, canon, ls.pending_reports, ls.faults)
+        got = sym.fingerprint_raw(
+            ls.core, ls.spec, ls.pending_reports, ls.faults, lambda st: fast_canonical(st, WALK)
+        )
+        assert got == (want, canon)
+
+
+def test_trimmed_memos_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With memo tables so small that they are emptied many times during the search (the step
+    memo's core-step tables, fingerprints of raw states, interned states), the search finds the
+    same states, transitions and probe counts."""
+    import retire_checks.explorer as explorer_module
+
+    config = QUICK.configs[-1]  # tenants: every probe counter matters
+    want = explore(config)
+    monkeypatch.setattr(explorer_module, "StepMemo", lambda: StepMemo(limit=300))
+    got = explore(config)
+    assert (got.states, got.transitions, got.quiescent) == (
+        want.states,
+        want.transitions,
+        want.quiescent,
+    )
+    assert got.probes == want.probes

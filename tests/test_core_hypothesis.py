@@ -20,7 +20,6 @@ TestLockstep.settings = settings(
 )
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def _same_examples_whatever_ran_before() -> Iterator[None]:
     with fuzz.fixed_generation():

@@ -71,8 +71,6 @@ def _revise(scope: str, t: float, keep: int = 0, seed: int = 2, length: int = 8)
     return TraceEvent(scope, t, "revision", ctx, 4, CONTRACT)
 
 
-
-
 # --------------------------------------------------------------------------------------------------
 # Generator statistics
 

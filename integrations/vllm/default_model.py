@@ -281,9 +281,7 @@ def _build_model(seed: int, out_dir: Path, size: str = "tiny") -> None:
     ).save_pretrained(str(out_dir))
 
 
-def ensure_default_model(
-    cache_dir: Path | None = None, seed: int = 0, size: str = "tiny"
-) -> Path:
+def ensure_default_model(cache_dir: Path | None = None, seed: int = 0, size: str = "tiny") -> Path:
     """Return the directory of the default model for ``seed`` (and ``size``), building it if
     absent.
 
