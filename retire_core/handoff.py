@@ -27,10 +27,11 @@ def _candidates(
 ) -> dict[int, list[tuple[PageId, PageRecord]]]:
     by_position: dict[int, list[tuple[PageId, PageRecord]]] = {}
     n = len(rec.context)
-    for p, page in txn.read_pages().items():
+    pages = txn.read_pages()
+    for p in txn.owned_pages(scope):
+        page = pages[p]
         if (
-            page.owner == scope
-            and page.version < rec.epoch
+            page.version < rec.epoch
             and not page.pinned
             and page.position < n
             and page.prefix is not None

@@ -19,8 +19,9 @@ def classify_late(txn: Txn, scope: ScopeId, version: Version) -> str:
     rec = txn.read_scope(scope)  # reads only: nothing is thawed
     if rec.state is ScopeState.CANCELLED and version == rec.epoch:
         return "scope_cancelled"
+    pages = txn.read_pages()
     if any(r.version == version for r in rec.participants.values()) or any(
-        p.owner == scope and p.version == version for p in txn.read_pages().values()
+        pages[p].version == version for p in txn.owned_pages(scope)
     ):
         return "retired_draining"
     if (scope, version) in txn.read_ledger():

@@ -32,7 +32,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
         return
     cancelled = rec.state is _CANCELLED
     epoch = rec.epoch
-    mine = [p for p, page in pages.items() if page.owner == scope]
+    mine = list(txn.owned_pages(scope))
     if not cancelled and all(r.version >= epoch for r in rec.participants.values()):
         for p in mine:
             page = pages[p]

@@ -11,7 +11,7 @@ bookkeeping of one step does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from retire_core.commands import Command
@@ -27,10 +27,43 @@ class PageDict(dict[PageId, PageRecord]):
     """The thawed page map. It counts the writes that could make a page obsolete or unheld for
     RECLAIM (a new page, or a new owner, version or ``held`` flag), so that RECLAIM's check of
     a scope can be skipped while nothing it looks at has changed (``Txn.clean``). Removing a
-    page never counts: it cannot make a clean scope unclean. A frozen state keeps the dict
-    it was built in (it is never written again)."""
+    page never counts: it cannot make a clean scope unclean. It also keeps the ids of each
+    scope's pages (``owned``), so that RECLAIM, ALIGN and the classification of late frames look
+    at one scope's pages instead of scanning every page of the engine. The index of the dict a
+    frozen state was built in is shared with the next step's copy, scope by scope, and a
+    scope's set is copied on its first change. A frozen state keeps the dict it was built in
+    (it is never written again)."""
 
-    changes = 0  # a class default: unpickling fills the items before any instance state
+    # class defaults: unpickling fills the items before any instance state
+    changes = 0
+    owned: dict[ScopeId, set[PageId]] | None = None
+    _copied: set[ScopeId] | None = None  # scopes whose set this dict has its own copy of
+
+    @classmethod
+    def thaw(cls, source: dict[PageId, PageRecord]) -> PageDict:
+        """A copy of a frozen state's page dict, with its index (built if ``source`` has none:
+        the empty initial map, or a hand-built one)."""
+        d = cls(source)
+        index = getattr(source, "owned", None)
+        if index is not None:
+            d.owned = dict(index)
+            d._copied = set()
+        else:
+            built: dict[ScopeId, set[PageId]] = {}
+            for p, page in source.items():
+                built.setdefault(page.owner, set()).add(p)
+            d.owned = built
+            d._copied = set(built)
+        return d
+
+    def _scope_set(self, scope: ScopeId) -> set[PageId]:
+        owned, copied = self.owned, self._copied
+        assert owned is not None and copied is not None
+        if scope in copied:
+            return owned[scope]
+        mine = owned[scope] = set(owned.get(scope, ()))
+        copied.add(scope)
+        return mine
 
     def __setitem__(self, key: PageId, value: PageRecord) -> None:
         old = self.get(key)
@@ -41,19 +74,36 @@ class PageDict(dict[PageId, PageRecord]):
             or old.owner != value.owner
         ):
             self.changes += 1
+            if self.owned is not None and (old is None or old.owner != value.owner):
+                if old is not None:
+                    self._scope_set(old.owner).discard(key)
+                self._scope_set(value.owner).add(key)
         dict.__setitem__(self, key, value)
 
+    def __delitem__(self, key: PageId) -> None:
+        old = self[key]
+        dict.__delitem__(self, key)
+        if self.owned is not None:
+            self._scope_set(old.owner).discard(key)
+
     def update(self, *args: Any, **kwargs: Any) -> None:
-        self.changes += 1
-        dict.update(self, *args, **kwargs)
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
 
     def setdefault(self, key: PageId, default: Any = None) -> Any:
-        self.changes += 1
-        return dict.setdefault(self, key, default)
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, key: PageId, *default: Any) -> Any:
+        if key not in self and default:
+            return default[0]
+        value = self[key]
+        del self[key]
+        return value
 
     def __ior__(self, other: Any) -> PageDict:  # type: ignore[override,misc]
-        self.changes += 1
-        dict.update(self, other)
+        self.update(other)
         return self
 
 
@@ -105,7 +155,7 @@ class Txn:
     def pages(self) -> dict[PageId, PageRecord]:
         d = self._pages
         if d is None:
-            d = self._pages = PageDict(self.state.pages._d)
+            d = self._pages = PageDict.thaw(self.state.pages._d)
             self.rpages = d
         return d
 
@@ -139,6 +189,15 @@ class Txn:
     def read_page(self, page: PageId) -> PageRecord | None:
         """``self.pages.get(page)`` without thawing the map."""
         return self.rpages.get(page)
+
+    def owned_pages(self, scope: ScopeId) -> Collection[PageId]:
+        """The ids of the pages ``scope`` owns, in the current view (in no particular order),
+        without scanning the others when the view carries the index (see ``PageDict``)."""
+        pages = self.rpages
+        index = getattr(pages, "owned", None)
+        if index is not None:
+            return index.get(scope, ())  # type: ignore[no-any-return]
+        return [p for p, page in pages.items() if page.owner == scope]
 
     def read_ledger(self) -> Any:
         """``self.ledger`` for reading only (a list or a tuple), without copying it."""

@@ -445,3 +445,76 @@ def test_batched_prefill_closures_match_one_by_one() -> None:
     assert many_commands == one_commands
     assert many.state == one.state
     assert many._log.lines == one._log.lines
+
+
+def index_problems(state: rc.CoreState) -> list[str]:
+    """Where a state's per-scope page index (``PageDict.owned``) disagrees with its pages."""
+    from retire_core.txn import Txn
+
+    pages = state.pages
+    txn = Txn(state)
+    problems = []
+    for scope in {page.owner for page in pages.values()} | set(state.scopes):
+        want = {p for p, page in pages.items() if page.owner == scope}
+        got = set(txn.owned_pages(scope))
+        if got != want:
+            problems.append(f"{scope}: index {sorted(got)} != pages {sorted(want)}")
+    return problems
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_page_index_follows_every_state_of_a_walk(seed: int) -> None:
+    """Every state the core reaches, one by one and in batches, has an index that names exactly
+    each scope's pages, and stepping on never changes an earlier state's index."""
+    ledger, events, _ = walk(seed, moves=120)
+    state = rc.CoreState(ledger_size=ledger)
+    seen: list[tuple[rc.CoreState, list[str]]] = []
+    for event in events:
+        state = rc.step(state, event).state
+        assert index_problems(state) == []
+        seen.append((state, [repr(sorted(state.pages))]))
+    for old, before in seen:  # copy-on-write: later steps left the earlier indexes alone
+        assert index_problems(old) == [] and [repr(sorted(old.pages))] == before
+    batched = rc.step_many(rc.CoreState(ledger_size=ledger), events).state
+    assert batched == state and index_problems(batched) == []
+
+
+def test_a_stale_page_index_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: an index that does not forget freed pages. The walk check above must fail."""
+    from retire_core.txn import PageDict
+
+    def forgetful_delete(self: PageDict, key: int) -> None:
+        dict.__delitem__(self, key)
+
+    monkeypatch.setattr(PageDict, "__delitem__", forgetful_delete)
+    failures = 0
+    for seed in range(40):
+        try:
+            test_page_index_follows_every_state_of_a_walk(seed)
+        except (AssertionError, KeyError):  # a wrong answer, or the core tripping over it
+            failures += 1
+    assert failures > 0
+
+
+def test_hand_built_and_unpickled_states_get_an_index() -> None:
+    import pickle
+
+    from retire_core.frozen import FrozenMap
+    from retire_core.state import PageRecord
+    from retire_core.txn import Txn
+
+    for seed in range(40):  # the first walk that ends with pages left
+        ledger, events, _ = walk(seed, moves=60)
+        state = rc.step_many(rc.CoreState(ledger_size=ledger), events).state
+        if state.pages:
+            break
+    assert state.pages, "no walk left pages"
+    # a state built by hand from a plain dict: the index is built when the map is thawed
+    plain = rc.CoreState(state.scopes, FrozenMap(dict(state.pages)), state.generations)
+    assert index_problems(plain) == []
+    txn = Txn(plain)
+    first = next(iter(plain.pages))
+    page = plain.pages[first]
+    txn.pages[999] = PageRecord(page.owner, page.version, page.participant, 0, 9, None, "f")
+    assert 999 in txn.owned_pages(page.owner)
+    assert index_problems(pickle.loads(pickle.dumps(state))) == []
