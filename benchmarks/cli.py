@@ -26,7 +26,7 @@ def _bar_factory(enabled: bool) -> Any:
     if not enabled:
         return None
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped]
     except ModuleNotFoundError:  # pragma: no cover - tqdm comes with vLLM
         return None
 

@@ -225,7 +225,7 @@ def run_grid(
     bar = None
     if progress:
         try:
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped]
 
             bar = tqdm(total=len(specs) * len(systems), desc="handoff grid", file=sys.stderr)
         except ModuleNotFoundError:  # pragma: no cover

@@ -12,40 +12,43 @@ run's page ownership, digests and receipts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from retire_bench.metrics import RunRecord, output_problems
 
 Key = tuple[str, int]
+K = TypeVar("K", bound=tuple[Any, ...])  # (scope, version) in a replay; a cell of the handoff grid
 
 
 def clean_reference(
-    prompts: Mapping[Key, Sequence[int]],
-    max_tokens: Mapping[Key, int],
+    prompts: Mapping[K, Sequence[int]],
+    max_tokens: Mapping[K, int],
     *,
     model_path: str | None = None,
     engine_overrides: Mapping[str, Any] | None = None,
-) -> dict[Key, tuple[int, ...]]:
+) -> dict[K, tuple[int, ...]]:
     """Greedy outputs of every prompt, cold, in one batch (outputs are batch-invariant here)."""
+    from vllm import RequestOutput
+
     from retire_vllm.engine_config import build_engine, greedy
 
     overrides = dict(engine_overrides or {})
     overrides["enable_prefix_caching"] = False
     engine = build_engine(model_path, **overrides)
-    ids: dict[str, Key] = {}
+    ids: dict[str, K] = {}
     for n, key in enumerate(sorted(prompts)):
         rid = engine.add_request(
             f"ref-{n}", {"prompt_token_ids": list(prompts[key])}, greedy(max_tokens[key])
         )
         ids[rid] = ids[f"ref-{n}"] = key  # outputs carry the external id
-    out: dict[Key, tuple[int, ...]] = {}
+    out: dict[K, tuple[int, ...]] = {}
     for _ in range(1_000_000):
         if not engine.has_unfinished_requests():
             break
         for o in engine.step():
-            if o.finished:
+            if o.finished and isinstance(o, RequestOutput):  # (never a pooling output here)
                 out[ids[o.request_id]] = tuple(o.outputs[0].token_ids)
     shutdown = getattr(engine.engine_core, "shutdown", None)
     if shutdown is not None:

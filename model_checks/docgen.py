@@ -36,8 +36,8 @@ def state_diagram() -> str:
                 self_loops.setdefault(state.value, []).append(kind.__name__)
             else:
                 lines.append(f"    {state.value} --> {target}: {kind.__name__}")
-    for state, names in sorted(self_loops.items()):
-        lines.append(f"    {state} --> {state}: {', '.join(sorted(set(names)))}")
+    for looped, names in sorted(self_loops.items()):
+        lines.append(f"    {looped} --> {looped}: {', '.join(sorted(set(names)))}")
     lines.append("    cancelled --> [*]")
     lines.append("```")
     return "\n".join(lines)

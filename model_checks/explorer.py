@@ -491,6 +491,7 @@ def _explore(
                     if hit is None or hit[0] is not move:
                         ls.spec, ls.launched = spec0, launched0
                         event, table = ls._event(move)
+                        assert table is not None  # the explorer's harness has a memo
                     else:
                         event, table = hit[1], hit[2]
                     found = table.get(cid0)

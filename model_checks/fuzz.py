@@ -228,7 +228,8 @@ class LockstepMachine(RuleBasedStateMachine):
                 self._do(ActionInstance("receipt", (q,)))
         if "faults" in self.enabled:
             faults = self._moves("faults")
-            if faults and data.draw(st.booleans()):
+            strike: bool = bool(faults) and data.draw(st.booleans())
+            if strike:
                 self._do(data.draw(st.sampled_from(faults)))
         if s in self.ls.pending_reports:
             self._do(ActionInstance("report", (s,)))
@@ -310,7 +311,9 @@ def run_machine(
 ) -> BaseException | None:
     """Run the machine against ``step_fn``; return the failure, or ``None`` if none was found.
     Shrinking is off by default: judging a mutant needs a failure, not the smallest one."""
-    machine = type("Machine", (LockstepMachine,), {"step_fn": staticmethod(step_fn)})
+    machine: type[LockstepMachine] = type(
+        "Machine", (LockstepMachine,), {"step_fn": staticmethod(step_fn)}
+    )
     test = machine.TestCase
     test.settings = settings(
         max_examples=max_examples,

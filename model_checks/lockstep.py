@@ -299,6 +299,7 @@ class Lockstep:
                 raise RefinementError(f"the core refused {inst}, which the spec allows")
             return _NOTHING
         self._current_event = event
+        outcome: Outcome
         state, outcome, launches, pins, spec_steps = entry
         self._follow(spec_steps, launches, memo)
         self.core = state
@@ -486,6 +487,7 @@ class Lockstep:
                     table[id(core)] = (core, _REJECTED)
                     memo.size += 1
             return _NOTHING
+        outcome: Outcome
         state, outcome, launches, pins, spec_steps = entry
         self._follow(spec_steps, launches, memo)
         if fresh:
