@@ -65,10 +65,9 @@ COVERAGE: Counter[str] = Counter()
 #: The machine's examples come from this seed, not from Hypothesis's default for a derandomized
 #: run (a digest of the machine class's *source*, under which reformatting this file changed
 #: which rare paths 600 examples reach). With Hypothesis pinned, the examples change only when
-#: the machine's rules do; then re-check ``tests/test_core_hypothesis.py``'s rare paths (seeds
-#: 0-11 each missed at least one of ``late_report``, ``digest_mismatch`` and
-#: ``generation_changed`` at 600 examples, except 7 and 8).
-FUZZ_SEED = 7
+#: the machine's rules do. With ``certified_handoff`` every seed of 0-11 reached every rare path
+#: of ``tests/test_core_hypothesis.py`` at 600 examples (lowest count 4; this one 40 or more).
+FUZZ_SEED = 6
 
 
 @seed(FUZZ_SEED)
@@ -218,6 +217,18 @@ class LockstepMachine(RuleBasedStateMachine):
         """The predecessor drains, a fault may strike a retained certified page, then the engine
         answers the byte check: the path on which the digest and generation checks matter."""
         s = data.draw(st.sampled_from(sorted(self.ls.pending_reports)))
+        self._drain_predecessors(s)
+        if "faults" in self.enabled:
+            faults = self._moves("faults")
+            strike: bool = bool(faults) and data.draw(st.booleans())
+            if strike:
+                self._do(data.draw(st.sampled_from(faults)))
+        if s in self.ls.pending_reports:
+            self._do(ActionInstance("report", (s,)))
+
+    def _drain_predecessors(self, s: int) -> None:
+        """Every participant of an older version of scope ``s`` closes its writers and
+        delivers its receipt."""
         epoch = self.ls.spec["scope_epoch"][s]
         for q, (qs, v) in sorted(self.ls.launched.items()):
             if qs == s and v < epoch and not self.ls.spec["part_closed"][q]:
@@ -226,11 +237,41 @@ class LockstepMachine(RuleBasedStateMachine):
                     if self.ls.spec["page_owner"][p] == s and self.ls.spec_enabled(close):
                         self._do(close)
                 self._do(ActionInstance("receipt", (q,)))
-        if "faults" in self.enabled:
-            faults = self._moves("faults")
-            strike: bool = bool(faults) and data.draw(st.booleans())
-            if strike:
-                self._do(data.draw(st.sampled_from(faults)))
+
+    @precondition(lambda self: "reports" in self.enabled)
+    @rule(data=st.data())
+    def certified_handoff(self, data: st.DataObject) -> None:
+        """A whole certified handoff in one rule: the current version fills its blocks, a
+        revision keeps the prefix and gets a certificate, the predecessor may drain, and before
+        the engine answers the byte check a certified page may be corrupted or recycled, or the
+        scope revised or cancelled again. The byte check's failure paths and late reports need
+        all of this in order; left to separate rules it lines up in a few runs of 600 at most."""
+        for _ in range(BOUNDS.positions):
+            self.fill_block(data)
+        before = set(self.ls.pending_reports)
+        self.revise_keeping_prefix(data)
+        fresh = sorted(set(self.ls.pending_reports) - before)
+        if not fresh:
+            return
+        s = data.draw(st.sampled_from(fresh))
+        if data.draw(st.booleans()):
+            self._drain_predecessors(s)
+        cert = self.ls.core.scopes[self.ls.uni.scopes[s]].certificate
+        pages = cert.pages if cert is not None else ()
+        # one kind of twist (or none), then one move of that kind: each kind as likely
+        twists = [
+            [m for m in self._moves("revise") if m.args[0] == s],
+            [m for m in self._moves("faults") if m.args[0] in pages and "faults" in self.enabled],
+            [
+                m
+                for m in self._moves("control")
+                if m.name == "cancel" and m.args[0] == s and "control" in self.enabled
+            ],
+        ]
+        kinds: list[list[ActionInstance]] = [[]] + [moves for moves in twists if moves]
+        chosen = data.draw(st.sampled_from(kinds))
+        if chosen:
+            self._do(data.draw(st.sampled_from(chosen)))
         if s in self.ls.pending_reports:
             self._do(ActionInstance("report", (s,)))
 
