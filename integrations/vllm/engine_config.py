@@ -133,7 +133,11 @@ def build_engine(
 
         model = ensure_default_model(seed=seed)
     args = EngineArgs(**engine_kwargs(model, seed=seed, num_blocks=num_blocks, **kwargs))
-    return LLMEngine.from_engine_args(args)
+    engine = LLMEngine.from_engine_args(args)
+    from .introspect import share_distributed_state
+
+    share_distributed_state(engine)  # shutting another engine down must not break this one
+    return engine
 
 
 def greedy(max_tokens: int = 16, **kwargs: Any) -> SamplingParams:

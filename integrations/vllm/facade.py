@@ -325,6 +325,7 @@ class RetireEngine:
         elif engine_overrides:
             raise TypeError("engine overrides given together with an existing engine")
         self.engine: LLMEngine = engine
+        ix.share_distributed_state(engine)  # (a fleet runs several engines in this process)
         self.scheduler: Any = ix.scheduler(engine)
         if not isinstance(self.scheduler, RetireScheduler):
             raise TypeError(

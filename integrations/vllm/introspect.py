@@ -14,6 +14,7 @@ symbols relied on are listed (and checked) in :mod:`.hooks`; findings are in
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,52 @@ def engine_core(engine: LLMEngine) -> EngineCore:
             "VLLM_ENABLE_V1_MULTIPROCESSING=0 (see retire_vllm.engine_config.build_engine)"
         )
     return core  # type: ignore[no-any-return]
+
+
+# --- several in-process engines in one process ---------------------------------------------
+
+# In-process engine cores not shut down yet. vLLM keeps its distributed state (the world, TP and
+# PP groups) in module globals shared by every in-process engine, and ``EngineCore.shutdown``
+# tears it down (``cleanup_dist_env_and_memory``): shutting one engine down, or the garbage
+# collector finalizing a dropped one, broke every other engine of the process at its next step
+# ("pipeline model parallel group is not initialized").
+_LIVE_CORES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def share_distributed_state(engine: LLMEngine) -> None:
+    """Let ``engine`` live beside other in-process engines: from now on an engine core's
+    shutdown leaves vLLM's process-wide distributed state alone while another registered core
+    is still running, and the last one to shut down tears it down as vLLM would. Idempotent."""
+    import importlib
+
+    # (typed as Any: this patches vLLM's module and class in place)
+    core_module: Any = importlib.import_module("vllm.v1.engine.core")
+    _LIVE_CORES.add(engine_core(engine))
+    cls: Any = core_module.EngineCore
+    if getattr(cls.shutdown, "_retire_shared", False):
+        return
+    original: Callable[[Any], None] = cls.shutdown
+
+    def shutdown(self: Any) -> None:
+        _LIVE_CORES.discard(self)
+        if not _LIVE_CORES:
+            original(self)
+            return
+        teardown = core_module.cleanup_dist_env_and_memory
+        core_module.cleanup_dist_env_and_memory = _keep_distributed_state
+        try:
+            original(self)
+        finally:
+            core_module.cleanup_dist_env_and_memory = teardown
+
+    shutdown._retire_shared = True  # type: ignore[attr-defined]
+    cls.shutdown = shutdown
+
+
+def _keep_distributed_state(*_: Any, **__: Any) -> None:
+    """``cleanup_dist_env_and_memory`` while other in-process engines still run: nothing to
+    tear down (their groups are the same ones)."""
+    return None
 
 
 def scheduler(engine: LLMEngine) -> Scheduler:
