@@ -155,7 +155,7 @@ def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
         a = t.action
         actions.add(a)
         # a transition's hits depend on these four values alone (memoized on them)
-        sig = (a, t.stage, t.reason, bool(t.version) and t.arg("cold") if a == "resume" else 0)
+        sig = (a, t.stage, t.reason, (bool(t.version), t.arg("cold")) if a == "resume" else None)
         found = _TRANSITION_HITS.get(sig)
         if found is None:
             found = _TRANSITION_HITS[sig] = _transition_hits(t)
