@@ -322,7 +322,8 @@ def fixed_generation() -> Iterator[None]:
     """Hypothesis (>= 6.131) mixes literal constants mined from every imported local module into
     its draws, so the examples a derandomized run draws would depend on which modules earlier
     code happened to import (and on every constant added anywhere in the project). Inside this
-    context the mined pool is empty, so a run depends only on the seed and the machine."""
+    context the mined pool holds this module's own constants only, so a run depends only on the
+    seed and the machine."""
     try:
         from hypothesis.internal.conjecture import providers
     except ImportError:  # pragma: no cover - a Hypothesis without the module mines nothing
@@ -347,7 +348,6 @@ def fixed_generation() -> Iterator[None]:
 def run_machine(
     step_fn: Callable[[rc.CoreState, Any], rc.Step] = rc.step,
     max_examples: int = 200,
-    derandomize: bool = True,
     shrink: bool = False,
 ) -> BaseException | None:
     """Run the machine against ``step_fn``; return the failure, or ``None`` if none was found.
@@ -358,8 +358,7 @@ def run_machine(
     test = machine.TestCase
     test.settings = settings(
         max_examples=max_examples,
-        stateful_step_count=40,
-        derandomize=derandomize,
+        stateful_step_count=40,  # the examples come from ``FUZZ_SEED`` (on the machine class)
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),
