@@ -1,14 +1,19 @@
-"""``FrozenMap``: the immutable, hashable mapping the core's state is built from.
+"""The immutable, hashable mappings the core's state is built from.
 
 Every update returns a new map and never touches the old one, so a core state can be kept,
 shared, compared and hashed freely: the explorer branches on it millions of times. The hash is
-computed once and cached. Nothing protocol-specific lives here.
+computed once and cached. ``FrozenMap`` (a dict inside, insertion-ordered) holds the small maps
+whose order the core's commands follow (scopes, a scope's participants); ``PageMap``
+(``immutables.Map``) the maps that grow with the engine's KV pool. Nothing protocol-specific
+lives here.
 """
 
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any, Generic, TypeVar
+
+from immutables import Map
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -84,3 +89,12 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     def freeze(cls, d: dict[K, V]) -> FrozenMap[K, V]:
         """Take ownership of ``d`` (the caller must not mutate it afterwards)."""
         return cls._own(d)
+
+
+# The maps that grow with the engine's KV pool (pages, generations) are ``immutables.Map``s: a
+# hash array mapped trie in C, whose updates copy O(log n) nodes and share the rest, so a step
+# that changes one page of an engine with 100,000 pages does not copy the other 99,999 (a
+# ``FrozenMap`` update copies its whole dict). Its iteration order is not insertion order; the
+# core never depends on the order of pages. A step edits one through a ``MapMutation``
+# (``PageMap.mutate()``) and seals it with ``finish()``; the old map is never touched.
+PageMap = Map

@@ -19,9 +19,8 @@ def classify_late(txn: Txn, scope: ScopeId, version: Version) -> str:
     rec = txn.read_scope(scope)  # reads only: nothing is thawed
     if rec.state is ScopeState.CANCELLED and version == rec.epoch:
         return "scope_cancelled"
-    pages = txn.read_pages()
     if any(r.version == version for r in rec.participants.values()) or any(
-        pages[p].version == version for p in txn.owned_pages(scope)
+        v == version for v, _ in txn.page_kinds(scope)
     ):
         return "retired_draining"
     if (scope, version) in txn.read_ledger():

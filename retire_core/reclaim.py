@@ -32,19 +32,17 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
         return
     cancelled = rec.state is _CANCELLED
     epoch = rec.epoch
-    mine = list(txn.owned_pages(scope))
-    if not cancelled and all(r.version >= epoch for r in rec.participants.values()):
-        for p in mine:
-            page = pages[p]
-            if page.version < epoch or not page.held:
-                break
-        else:
-            # Nothing of this scope is obsolete (no retired version has a participant or a
-            # page) and every page of it is held: the full pass below would unhold, free and
-            # forget nothing, in any state. Skip it, and leave the page map unthawed.
-            txn.clean[scope] = (rec, pages, changes)
-            return
-    mine.sort()
+    if (
+        not cancelled
+        and all(r.version >= epoch for r in rec.participants.values())
+        and all(held and v >= epoch for v, held in txn.page_kinds(scope))
+    ):
+        # Nothing of this scope is obsolete (no retired version has a participant or a page)
+        # and every page of it is held: the full pass below would unhold, free and forget
+        # nothing, in any state. Skip it, and leave the page map unthawed.
+        txn.clean[scope] = (rec, pages, changes)
+        return
+    mine = sorted(txn.owned_pages(scope))
     drained: dict[int, bool] = {}  # ``rec.drained(v)``, asked once per version
     freed = []
     # Read through the current view; the page map is thawed only when a page changes.

@@ -1,9 +1,10 @@
 """The core's state: scopes, participants, pages and the ledger of retired versions.
 
-All of it is immutable (frozen attrs records inside ``FrozenMap``s), so a whole ``CoreState`` can be
-snapshotted by keeping a reference, restored by handing it back, and hashed canonically in
-constant time after the first hash. ``ScopeState`` is the enum the transition table is keyed on.
-The rules that change this state live in ``machine``, ``gates``, ``handoff`` and ``reclaim``.
+All of it is immutable (frozen attrs records inside ``FrozenMap``s and ``PageMap``s), so a whole
+``CoreState`` can be snapshotted by keeping a reference, restored by handing it back, and hashed
+canonically in constant time after the first hash. ``ScopeState`` is the enum the transition
+table is keyed on. The rules that change this state live in ``machine``, ``gates``, ``handoff``
+and ``reclaim``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ import attrs
 
 from retire_core.commands import Certificate
 from retire_core.contract import Contract
-from retire_core.frozen import FrozenMap
+from retire_core.frozen import FrozenMap, PageMap
 from retire_core.ids import BlockKey, PageId, ParticipantId, ScopeId, Version
 
 _EMPTY: FrozenMap[object, object] = FrozenMap()
+_EMPTY_PAGES: PageMap[Any, Any] = PageMap()
 
 
 def _empty() -> FrozenMap[object, object]:
     return _EMPTY  # immutable, so one shared empty map serves every default
+
+
+def _no_pages() -> PageMap[Any, Any]:
+    return _EMPTY_PAGES
 
 
 class ScopeState(enum.Enum):
@@ -79,13 +85,26 @@ class PageRecord:
     pinned: bool = False
 
 
+# For the one ``pages`` map it was computed from (see ``CoreState``): each scope's page ids, and
+# how many of its pages have each (version, ``held``) pair (see ``txn.PageDict``).
+PageIndex = tuple[
+    PageMap[PageId, PageRecord],
+    dict[ScopeId, set[PageId]],
+    dict[ScopeId, dict[tuple[Version, bool], int]],
+]
+
+
 @attrs.frozen(slots=True, cache_hash=True)
 class CoreState:
     scopes: FrozenMap[ScopeId, ScopeRecord] = attrs.field(factory=_empty)
-    pages: FrozenMap[PageId, PageRecord] = attrs.field(factory=_empty)
-    generations: FrozenMap[PageId, int] = attrs.field(factory=_empty)
+    pages: PageMap[PageId, PageRecord] = attrs.field(factory=_no_pages)
+    generations: PageMap[PageId, int] = attrs.field(factory=_no_pages)
     ledger: tuple[tuple[ScopeId, Version], ...] = ()  # drained retired versions, newest last
     ledger_size: int = 1024
+    # Derived, not part of the state's value (no equality, hash or repr): an index of each
+    # scope's pages, with the very ``pages`` map it describes. ``Txn`` uses it only for that
+    # map (a state built or evolved by hand gets its index built when a step needs it).
+    page_index: PageIndex | None = attrs.field(default=None, eq=False, repr=False)
 
 
 _R = TypeVar("_R", ScopeRecord, PageRecord, ParticipantRecord)

@@ -1,72 +1,82 @@
 """``Txn``: the scratch pad one core step (or one batch of steps) builds the next state in.
 
-A step thaws the maps it needs into plain dicts, records every change as a ``Transition`` and
+A step thaws the maps it needs (scopes into a plain dict, the page maps into mutations of their
+trie), records every change as a ``Transition`` and
 every order to the engine as a command, and freezes the result into a new ``CoreState``. The old
 state is never touched, which is what makes a failed step (an error raised half-way) leave the
 core exactly as it was. Maps are thawed on first use only: a map a step never looks at, or only
-reads, is handed on to the next state as the same (already hashed) ``FrozenMap``, and a step
+reads, is handed on to the next state as the same (already hashed) map, and a step
 that changes nothing hands back the very same state. Protocol rules do not live here; only the
 bookkeeping of one step does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
+from immutables import MapMutation
+
 from retire_core.commands import Command
-from retire_core.frozen import FrozenMap
+from retire_core.frozen import FrozenMap, PageMap
 from retire_core.ids import PageId, ScopeId, Version
-from retire_core.state import CoreState, PageRecord, ScopeRecord
+from retire_core.state import CoreState, PageIndex, PageRecord, ScopeRecord
 from retire_core.transitions import Stage, Transition
 
 _tuple_new = tuple.__new__
 
 
-class PageDict(dict[PageId, PageRecord]):
-    """The thawed page map. It counts the writes that could make a page obsolete or unheld for
-    RECLAIM (a new page, or a new owner, version or ``held`` flag), so that RECLAIM's check of
-    a scope can be skipped while nothing it looks at has changed (``Txn.clean``). Removing a
-    page never counts: it cannot make a clean scope unclean. It also keeps the ids of each
-    scope's pages (``owned``), so that RECLAIM, ALIGN and the classification of late frames look
-    at one scope's pages instead of scanning every page of the engine. The index of the dict a
-    frozen state was built in is shared with the next step's copy, scope by scope, and a
-    scope's set is copied on its first change. A frozen state keeps the dict it was built in
-    (it is never written again)."""
+class PageDict:
+    """The thawed page map: a ``MapMutation`` of the frozen state's ``PageMap`` (a write copies
+    O(log n) trie nodes, never the whole map), plus what RECLAIM, ALIGN and the classification
+    of late frames need to look at one scope instead of every page of the engine:
 
-    # class defaults: unpickling fills the items before any instance state
-    changes = 0
-    owned: dict[ScopeId, set[PageId]] | None = None
-    _copied: set[ScopeId] | None = None  # scopes whose set this dict has its own copy of
+    * ``owned``: the ids of each scope's pages;
+    * ``kinds``: per scope, how many of its pages have each (version, ``held``) pair, so that
+      RECLAIM sees in a few lookups that a scope has no obsolete or unheld page (and a late
+      frame whether its version still has pages) without reading the scope's pages;
+    * ``changes``: how many writes could have made a page obsolete or unheld for RECLAIM (a new
+      page, or a new owner, version or ``held`` flag), so that RECLAIM's check of a scope can
+      be skipped while nothing it looks at has changed (``Txn.clean``). Removing a page never
+      counts: it cannot make a clean scope unclean.
 
-    @classmethod
-    def thaw(cls, source: dict[PageId, PageRecord]) -> PageDict:
-        """A copy of a frozen state's page dict, with its index (built if ``source`` has none:
-        the empty initial map, or a hand-built one)."""
-        d = cls(source)
-        index = getattr(source, "owned", None)
-        if index is not None:
-            d.owned = dict(index)
-            d._copied = set()
-        else:
-            built: dict[ScopeId, set[PageId]] = {}
-            for p, page in source.items():
-                built.setdefault(page.owner, set()).add(p)
-            d.owned = built
-            d._copied = set(built)
-        return d
+    The index of the state it was thawed from is shared scope by scope, and a scope's entry is
+    copied on its first change; the next state keeps this one (``CoreState.page_index``), never
+    written again."""
 
-    def _scope_set(self, scope: ScopeId) -> set[PageId]:
-        owned, copied = self.owned, self._copied
-        assert owned is not None and copied is not None
-        if scope in copied:
-            return owned[scope]
+    __slots__ = ("_copied", "_m", "changes", "kinds", "owned")
+
+    def __init__(self, source: PageMap[PageId, PageRecord], index: PageIndex | None) -> None:
+        self._m: MapMutation[PageId, PageRecord] = source.mutate()
+        self.changes = 0
+        if index is None or index[0] is not source:
+            index = build_index(source)  # the empty initial map, or a state built by hand
+        self.owned: dict[ScopeId, set[PageId]] = dict(index[1])
+        self.kinds: dict[ScopeId, dict[tuple[Version, bool], int]] = dict(index[2])
+        self._copied: set[ScopeId] = set()  # scopes whose entries this dict has copied
+
+    def _own(self, scope: ScopeId) -> tuple[set[PageId], dict[tuple[Version, bool], int]]:
+        owned, kinds = self.owned, self.kinds
+        if scope in self._copied:
+            return owned[scope], kinds[scope]
         mine = owned[scope] = set(owned.get(scope, ()))
-        copied.add(scope)
-        return mine
+        counts = kinds[scope] = dict(kinds.get(scope, ()))
+        self._copied.add(scope)
+        return mine, counts
+
+    def _forget(self, key: PageId, old: PageRecord) -> None:
+        mine, counts = self._own(old.owner)
+        mine.discard(key)
+        kind = (old.version, old.held)
+        left = counts[kind] - 1
+        if left:
+            counts[kind] = left
+        else:
+            del counts[kind]
 
     def __setitem__(self, key: PageId, value: PageRecord) -> None:
-        old = self.get(key)
+        m = self._m
+        old = m.get(key)
         if (
             old is None
             or old.held is not value.held
@@ -74,41 +84,70 @@ class PageDict(dict[PageId, PageRecord]):
             or old.owner != value.owner
         ):
             self.changes += 1
-            if self.owned is not None and (old is None or old.owner != value.owner):
-                if old is not None:
-                    self._scope_set(old.owner).discard(key)
-                self._scope_set(value.owner).add(key)
-        dict.__setitem__(self, key, value)
+            if old is not None:
+                self._forget(key, old)
+            mine, counts = self._own(value.owner)
+            mine.add(key)
+            kind = (value.version, value.held)
+            counts[kind] = counts.get(kind, 0) + 1
+        m[key] = value
 
     def __delitem__(self, key: PageId) -> None:
-        old = self[key]
-        dict.__delitem__(self, key)
-        if self.owned is not None:
-            self._scope_set(old.owner).discard(key)
+        old = self._m[key]
+        del self._m[key]
+        self._forget(key, old)
 
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for key, value in dict(*args, **kwargs).items():
-            self[key] = value
+    def __getitem__(self, key: PageId) -> PageRecord:
+        return self._m[key]
 
-    def setdefault(self, key: PageId, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = default
-        return self[key]
+    def get(self, key: PageId, default: PageRecord | None = None) -> PageRecord | None:
+        return self._m.get(key, default)
 
-    def pop(self, key: PageId, *default: Any) -> Any:
-        if key not in self and default:
-            return default[0]
-        value = self[key]
-        del self[key]
-        return value
+    def __contains__(self, key: object) -> bool:
+        return key in self._m
 
-    def __ior__(self, other: Any) -> PageDict:  # type: ignore[override,misc]
-        self.update(other)
-        return self
+    def __len__(self) -> int:
+        return len(self._m)
+
+    def snapshot(self) -> PageMap[PageId, PageRecord]:
+        """The pages as they are now, as a frozen map (edits after this go to a new mutation
+        and leave it alone): what iterating a thawed map reads."""
+        frozen = self._m.finish()
+        self._m = frozen.mutate()
+        return frozen
+
+    def __iter__(self) -> Iterator[PageId]:
+        return iter(self.snapshot())
+
+    def keys(self) -> Iterable[PageId]:
+        return self.snapshot().keys()
+
+    def items(self) -> Iterable[tuple[PageId, PageRecord]]:
+        return self.snapshot().items()
+
+    def values(self) -> Iterable[PageRecord]:
+        return self.snapshot().values()
+
+    def finish(self) -> PageIndex:
+        """Seal the map for the next state, with its index."""
+        return (self._m.finish(), self.owned, self.kinds)
+
+
+def build_index(pages: PageMap[PageId, PageRecord]) -> PageIndex:
+    """The index of ``pages`` by a scan of every page (only for a map that came without one)."""
+    owned: dict[ScopeId, set[PageId]] = {}
+    kinds: dict[ScopeId, dict[tuple[Version, bool], int]] = {}
+    for p, page in pages.items():
+        owned.setdefault(page.owner, set()).add(p)
+        counts = kinds.setdefault(page.owner, {})
+        kind = (page.version, page.held)
+        counts[kind] = counts.get(kind, 0) + 1
+    return (pages, owned, kinds)
 
 
 class Txn:
     __slots__ = (
+        "_built",
         "_generations",
         "_ledger",
         "_pages",
@@ -124,24 +163,25 @@ class Txn:
     def __init__(self, state: CoreState) -> None:
         self.state = state
         self._scopes: dict[ScopeId, ScopeRecord] | None = None
-        self._pages: dict[PageId, PageRecord] | None = None
-        self._generations: dict[PageId, int] | None = None
+        self._pages: PageDict | None = None
+        self._generations: MapMutation[PageId, int] | None = None
         self._ledger: list[tuple[ScopeId, Version]] | None = None
-        # Read views: the frozen maps' own dicts until a map is thawed, the thawed dict after.
-        # Never write through these (writes go through ``scopes`` / ``pages``).
+        self._built: PageIndex | None = None  # the index of a state that came without one
+        # Read views: the frozen maps until a map is thawed, the thawed one after. Never write
+        # through these (writes go through ``scopes`` / ``pages``).
         self.rscopes: Mapping[ScopeId, ScopeRecord] = state.scopes._d
-        self.rpages: Mapping[PageId, PageRecord] = state.pages._d
+        self.rpages: Mapping[PageId, PageRecord] | PageDict = state.pages
         self.commands: list[Command] = []
         self.transitions: list[Transition] = []
         # RECLAIM's memo: scope -> (its record, the page view, that view's change count) when
         # RECLAIM last found nothing of the scope obsolete (see ``reclaim.reclaim``).
-        self.clean: dict[ScopeId, tuple[ScopeRecord, Mapping[PageId, PageRecord], int]] = {}
+        self.clean: dict[ScopeId, tuple[ScopeRecord, Any, int]] = {}
 
     @property
     def ledger_size(self) -> int:
         return self.state.ledger_size
 
-    # Each map is thawed into a plain dict the first time the step writes to it (or asks for it).
+    # Each map is thawed the first time the step writes to it (or asks for it).
 
     @property
     def scopes(self) -> dict[ScopeId, ScopeRecord]:
@@ -152,19 +192,26 @@ class Txn:
         return d
 
     @property
-    def pages(self) -> dict[PageId, PageRecord]:
+    def pages(self) -> PageDict:
         d = self._pages
         if d is None:
-            d = self._pages = PageDict.thaw(self.state.pages._d)
+            d = self._pages = PageDict(self.state.pages, self._index())
             self.rpages = d
         return d
 
     @property
-    def generations(self) -> dict[PageId, int]:
+    def generations(self) -> MapMutation[PageId, int]:
         d = self._generations
         if d is None:
-            d = self._generations = self.state.generations.thaw()
+            d = self._generations = self.state.generations.mutate()
         return d
+
+    def _index(self) -> PageIndex | None:
+        """The frozen state's page index, if it describes the state's own page map."""
+        index = self.state.page_index
+        if index is not None and index[0] is self.state.pages:
+            return index
+        return self._built
 
     @property
     def ledger(self) -> list[tuple[ScopeId, Version]]:
@@ -182,7 +229,7 @@ class Txn:
         """``self.scopes[scope]`` without thawing the map (KeyError if there is none)."""
         return self.rscopes[scope]
 
-    def read_pages(self) -> Mapping[PageId, PageRecord]:
+    def read_pages(self) -> Mapping[PageId, PageRecord] | PageDict:
         """``self.pages`` for reading only, without thawing the map."""
         return self.rpages
 
@@ -192,12 +239,25 @@ class Txn:
 
     def owned_pages(self, scope: ScopeId) -> Collection[PageId]:
         """The ids of the pages ``scope`` owns, in the current view (in no particular order),
-        without scanning the others when the view carries the index (see ``PageDict``)."""
-        pages = self.rpages
-        index = getattr(pages, "owned", None)
-        if index is not None:
-            return index.get(scope, ())  # type: ignore[no-any-return]
-        return [p for p, page in pages.items() if page.owner == scope]
+        without scanning the others (see ``PageDict``)."""
+        pages = self._pages
+        if pages is not None:
+            return pages.owned.get(scope, ())
+        return self._frozen_index()[1].get(scope, ())
+
+    def page_kinds(self, scope: ScopeId) -> Collection[tuple[Version, bool]]:
+        """The (version, ``held``) pairs of the pages ``scope`` owns, in the current view,
+        without reading its pages (see ``PageDict``)."""
+        pages = self._pages
+        if pages is not None:
+            return pages.kinds.get(scope, {}).keys()
+        return self._frozen_index()[2].get(scope, {}).keys()
+
+    def _frozen_index(self) -> PageIndex:
+        index = self._index()
+        if index is None:  # a state built by hand: index it once for this step, as a thaw would
+            index = self._built = build_index(self.state.pages)
+        return index
 
     def read_ledger(self) -> Any:
         """``self.ledger`` for reading only (a list or a tuple), without copying it."""
@@ -257,10 +317,16 @@ class Txn:
         if scopes is None and pages is None and generations is None and ledger is None:
             return state
         size = state.ledger_size
+        if pages is None:
+            page_map, index = state.pages, self._index()
+        else:
+            index = pages.finish()
+            page_map = index[0]
         return CoreState(
             state.scopes if scopes is None else FrozenMap.freeze(scopes),
-            state.pages if pages is None else FrozenMap.freeze(pages),
-            state.generations if generations is None else FrozenMap.freeze(generations),
+            page_map,
+            state.generations if generations is None else generations.finish(),
             state.ledger if ledger is None else (tuple(ledger[-size:]) if size else ()),
             size,
+            index,
         )

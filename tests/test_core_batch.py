@@ -448,7 +448,8 @@ def test_batched_prefill_closures_match_one_by_one() -> None:
 
 
 def index_problems(state: rc.CoreState) -> list[str]:
-    """Where a state's per-scope page index (``PageDict.owned``) disagrees with its pages."""
+    """Where a state's per-scope page index (``PageDict.owned`` and ``kinds``) disagrees with
+    its pages."""
     from retire_core.txn import Txn
 
     pages = state.pages
@@ -459,6 +460,9 @@ def index_problems(state: rc.CoreState) -> list[str]:
         got = set(txn.owned_pages(scope))
         if got != want:
             problems.append(f"{scope}: index {sorted(got)} != pages {sorted(want)}")
+        kinds = {(page.version, page.held) for page in pages.values() if page.owner == scope}
+        if set(txn.page_kinds(scope)) != kinds:
+            problems.append(f"{scope}: kinds {set(txn.page_kinds(scope))} != pages {kinds}")
     return problems
 
 
@@ -479,12 +483,64 @@ def test_page_index_follows_every_state_of_a_walk(seed: int) -> None:
     assert batched == state and index_problems(batched) == []
 
 
+def _count_index_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the scans that (re)build a page index of a non-empty page map."""
+    from retire_core import txn as txn_module
+
+    scans: list[int] = []
+    real = txn_module.build_index
+
+    def counting(pages: Any) -> Any:
+        if pages:
+            scans.append(len(pages))
+        return real(pages)
+
+    monkeypatch.setattr(txn_module, "build_index", counting)
+    return scans
+
+
+def _walk_states(seed: int) -> int:
+    ledger, events, _ = walk(seed, moves=120)
+    state = rc.CoreState(ledger_size=ledger)
+    for event in events:
+        state = rc.step(state, event).state
+    return len(events)
+
+
+def test_steps_carry_the_page_index_instead_of_scanning_every_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's cost must not grow with the engine's page count: every state a step builds
+    carries its index on, so no step ever scans the whole page map to rebuild it."""
+    scans = _count_index_scans(monkeypatch)
+    assert sum(_walk_states(seed) for seed in range(20)) > 500
+    assert scans == []
+
+
+def test_a_state_that_drops_its_page_index_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: ``freeze`` forgets the index; the check above sees the scans."""
+    import attrs
+
+    from retire_core.txn import Txn
+
+    scans = _count_index_scans(monkeypatch)
+    real = Txn.freeze
+
+    def forgetful_freeze(self: Txn) -> rc.CoreState:
+        return attrs.evolve(real(self), page_index=None)
+
+    monkeypatch.setattr(Txn, "freeze", forgetful_freeze)
+    for seed in range(20):
+        _walk_states(seed)
+    assert len(scans) > 100
+
+
 def test_a_stale_page_index_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded bug: an index that does not forget freed pages. The walk check above must fail."""
     from retire_core.txn import PageDict
 
     def forgetful_delete(self: PageDict, key: int) -> None:
-        dict.__delitem__(self, key)
+        del self._m[key]  # neither ``owned`` nor ``kinds`` hears of it
 
     monkeypatch.setattr(PageDict, "__delitem__", forgetful_delete)
     failures = 0
@@ -496,10 +552,30 @@ def test_a_stale_page_index_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     assert failures > 0
 
 
+def test_stale_page_kinds_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: the per-scope (version, held) counts never forget a page's old kind (a page
+    that became unheld, moved to the successor or was freed still counts as before)."""
+    from retire_core.txn import PageDict
+
+    def forget_only_the_id(self: PageDict, key: int, old: Any) -> None:
+        self._own(old.owner)[0].discard(key)
+
+    monkeypatch.setattr(PageDict, "_forget", forget_only_the_id)
+    failures = 0
+    for seed in range(40):
+        try:
+            test_page_index_follows_every_state_of_a_walk(seed)
+        except AssertionError:
+            failures += 1
+    assert failures > 0
+
+
 def test_hand_built_and_unpickled_states_get_an_index() -> None:
     import pickle
 
-    from retire_core.frozen import FrozenMap
+    import attrs
+
+    from retire_core.frozen import PageMap
     from retire_core.state import PageRecord
     from retire_core.txn import Txn
 
@@ -509,11 +585,14 @@ def test_hand_built_and_unpickled_states_get_an_index() -> None:
         if state.pages:
             break
     assert state.pages, "no walk left pages"
-    # a state built by hand from a plain dict: the index is built when the map is thawed
-    plain = rc.CoreState(state.scopes, FrozenMap(dict(state.pages)), state.generations)
-    assert index_problems(plain) == []
+    # a state built by hand from a plain dict: the index is built when a step needs it
+    plain = rc.CoreState(state.scopes, PageMap(dict(state.pages)), state.generations)
+    assert plain.page_index is None and index_problems(plain) == []
+    # an evolved state keeps the old index object, which does not describe its new page map
+    first = next(iter(state.pages))
+    evolved = attrs.evolve(state, pages=state.pages.delete(first))
+    assert evolved.page_index is state.page_index and index_problems(evolved) == []
     txn = Txn(plain)
-    first = next(iter(plain.pages))
     page = plain.pages[first]
     txn.pages[999] = PageRecord(page.owner, page.version, page.participant, 0, 9, None, "f")
     assert 999 in txn.owned_pages(page.owner)
