@@ -1,13 +1,12 @@
 """``Txn``: the scratch pad one core step (or one batch of steps) builds the next state in.
 
 A step thaws the maps it needs (scopes into a plain dict, the page maps into mutations of their
-trie), records every change as a ``Transition`` and
-every order to the engine as a command, and freezes the result into a new ``CoreState``. The old
-state is never touched, which is what makes a failed step (an error raised half-way) leave the
-core exactly as it was. Maps are thawed on first use only: a map a step never looks at, or only
-reads, is handed on to the next state as the same (already hashed) map, and a step
-that changes nothing hands back the very same state. Protocol rules do not live here; only the
-bookkeeping of one step does.
+trie), records every change as a ``Transition`` and every order to the engine as a command, and
+freezes the result into a new ``CoreState``. The old state is never touched, which is what makes
+a failed step (an error raised half-way) leave the core exactly as it was. Maps are thawed on
+first use only: a map a step never looks at, or only reads, is handed on to the next state as
+the same (already hashed) map, and a step that changes nothing hands back the very same state.
+Protocol rules do not live here; only the bookkeeping of one step does.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ class PageDict:
     copied on its first change; the next state keeps this one (``CoreState.page_index``), never
     written again."""
 
-    __slots__ = ("_copied", "_m", "changes", "kinds", "owned")
+    __slots__ = ("_m", "_own_counts", "_own_ids", "changes", "kinds", "owned")
 
     def __init__(self, source: PageMap[PageId, PageRecord], index: PageIndex | None) -> None:
         self._m: MapMutation[PageId, PageRecord] = source.mutate()
@@ -53,22 +52,24 @@ class PageDict:
             index = build_index(source)  # the empty initial map, or a state built by hand
         self.owned: dict[ScopeId, set[PageId]] = dict(index[1])
         self.kinds: dict[ScopeId, dict[tuple[Version, bool], int]] = dict(index[2])
-        self._copied: set[ScopeId] = set()  # scopes whose entries this dict has copied
+        # the scopes whose id set / counts this dict has its own copy of
+        self._own_ids: set[ScopeId] = set()
+        self._own_counts: set[ScopeId] = set()
 
-    def _own(self, scope: ScopeId) -> tuple[set[PageId], dict[tuple[Version, bool], int]]:
-        owned, kinds = self.owned, self.kinds
-        if scope in self._copied:
-            return owned[scope], kinds[scope]
-        mine = owned[scope] = set(owned.get(scope, ()))
-        counts = kinds[scope] = dict(kinds.get(scope, ()))
-        self._copied.add(scope)
-        return mine, counts
+    def _ids(self, scope: ScopeId) -> set[PageId]:
+        if scope in self._own_ids:
+            return self.owned[scope]
+        self._own_ids.add(scope)
+        mine = self.owned[scope] = set(self.owned.get(scope, ()))
+        return mine
 
-    def _forget(self, key: PageId, old: PageRecord) -> None:
-        mine, counts = self._own(old.owner)
-        mine.discard(key)
-        kind = (old.version, old.held)
-        left = counts[kind] - 1
+    def _count(self, scope: ScopeId, kind: tuple[Version, bool], delta: int) -> None:
+        if scope in self._own_counts:
+            counts = self.kinds[scope]
+        else:
+            self._own_counts.add(scope)
+            counts = self.kinds[scope] = dict(self.kinds.get(scope, ()))
+        left = counts.get(kind, 0) + delta
         if left:
             counts[kind] = left
         else:
@@ -84,18 +85,22 @@ class PageDict:
             or old.owner != value.owner
         ):
             self.changes += 1
+            owner = value.owner
             if old is not None:
-                self._forget(key, old)
-            mine, counts = self._own(value.owner)
-            mine.add(key)
-            kind = (value.version, value.held)
-            counts[kind] = counts.get(kind, 0) + 1
+                self._count(old.owner, (old.version, old.held), -1)
+                if old.owner != owner:
+                    self._ids(old.owner).discard(key)
+                    self._ids(owner).add(key)
+            else:
+                self._ids(owner).add(key)
+            self._count(owner, (value.version, value.held), 1)
         m[key] = value
 
     def __delitem__(self, key: PageId) -> None:
         old = self._m[key]
         del self._m[key]
-        self._forget(key, old)
+        self._ids(old.owner).discard(key)
+        self._count(old.owner, (old.version, old.held), -1)
 
     def __getitem__(self, key: PageId) -> PageRecord:
         return self._m[key]
