@@ -226,6 +226,7 @@ class _Req:
     version: int
     participants: tuple[str, ...]
     salt: str
+    record: VersionRecord  # records[scope].version(version): a scope's log is never replaced
     adopted: tuple[int, ...] = ()
     block_ids: list[int] = attrs.field(factory=list)
     pages: list[int] = attrs.field(factory=list)
@@ -259,14 +260,6 @@ class _Chunk:
     token_ids: tuple[int, ...]
     finished: bool
     finish_reason: str | None
-
-
-@attrs.define
-class _Frame:
-    kind: str  # "engine", "consumer", "commit"
-    chunk: _Chunk | None = None
-    rid: str | None = None
-    outcome: str | None = None  # "publish" / reason
 
 
 class _NullLogger:
@@ -369,7 +362,10 @@ class RetireEngine:
         self._internal: dict[str, str] = {}  # external request id -> internal id
         self._pages: dict[int, _Page] = {}
         self._queues: dict[str, deque[_Chunk]] = {}
-        self._frames: dict[int, _Frame] = {}
+        # Frames the core has not decided yet: an engine frame's chunk (queued when published), or
+        # None for a consumer or commit frame, whose caller reads its outcome from ``_outcomes``.
+        self._frames: dict[int, _Chunk | None] = {}
+        self._outcomes: dict[int, str] = {}  # frame -> "publish" or the drop reason
         self._frame_ids = itertools.count()
         self._salts = itertools.count()
         self._cmdq: deque[Command] = deque()
@@ -443,24 +439,28 @@ class RetireEngine:
         """Byte-check pending certificates and admit, run one engine step, then report what it
         did (closed writers, outputs, finished requests) and carry out fences deferred to this
         step boundary."""
-        self._send_reports()
+        if self._pending_reports:
+            self._send_reports()
         self._in_step = True
         try:
             outputs = self.engine.step()
         finally:
             self._in_step = False
         self._steps += 1
-        self._close_completed_writers()
+        if self._completed:
+            self._close_completed_writers()
         # The engine-boundary TOKEN frames of this step's outputs go to the core as one batch,
         # flushed before a finished request is closed so that the core sees every event in the
         # order it would one by one.
         frames: list[Event] = []
+        on_output = self._on_output
         for out in outputs:
-            self._on_output(out, frames)
+            on_output(out, frames)
         if frames:
             self._emit_batch(frames)
-        deferred, self._deferred = self._deferred, []
-        self._run(deferred)
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            self._run(deferred)
         for obs in self.observers:
             obs.after_step(self)
 
@@ -474,19 +474,22 @@ class RetireEngine:
         # Every queued chunk crosses the boundary as its own frame; the core decides them all in
         # one batch (consumer frames only ever publish or drop, so nothing in between differs).
         chunks = list(queue)
-        frames = [self._new_frame(_Frame("consumer", chunk=chunk)) for chunk in chunks]
+        frames = [self._new_frame(None) for _ in chunks]
+        token = FrameKind.TOKEN
         self._emit_batch(
             [
-                FrameArrived(scope, chunk.version, frame, FrameKind.TOKEN)
+                FrameArrived(scope, chunk.version, frame, token)
                 for chunk, frame in zip(chunks, frames, strict=True)
             ]
         )
         for _ in chunks:
             queue.popleft()
+        versions = self.records[scope].versions
+        outcomes = self._outcomes
         for chunk, frame in zip(chunks, frames, strict=True):
-            outcome = self._frames.pop(frame).outcome
+            outcome = outcomes.pop(frame, None)
             assert outcome is not None, "a frame must be decided when it arrives"
-            rec = self.records[scope].version(chunk.version)
+            rec = versions[chunk.version]
             if outcome == "publish":
                 now = self.clock()
                 delivered.append(
@@ -506,7 +509,10 @@ class RetireEngine:
         by :meth:`hold_admission` do not count (stepping cannot finish them)."""
         pending = any(scope not in self._held for scope, _ in self._pending_reports)
         live = int(self.scheduler.get_num_unfinished_requests())
-        paused = len(self.withheld(self.scheduler) & set(self.scheduler.requests))
+        paused = 0
+        if self._maybe_paused:  # (otherwise nothing is withheld)
+            requests = self.scheduler.requests
+            paused = sum(1 for rid in self.withheld(self.scheduler) if rid in requests)
         return bool(live > paused or pending or self._deferred)
 
     def close(self) -> None:
@@ -671,10 +677,12 @@ class RetireEngine:
         return held
 
     def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
-        callbacks, self._during_step = self._during_step, []
-        for callback in callbacks:
-            callback(self)
-        self._step_writes = []
+        if self._during_step:
+            callbacks, self._during_step = self._during_step, []
+            for callback in callbacks:
+                callback(self)
+        step_writes: list[tuple[str, int, int]] = []  # (rid, block id, position)
+        self._step_writes = step_writes
         # The step's allocations and write checks go to the core as one batch, in the order they
         # would have gone one by one; the allocations' own bookkeeping follows once the core has
         # accepted them (a refused batch changes nothing, there or here).
@@ -683,12 +691,16 @@ class RetireEngine:
         writes: list[tuple[_Req, int, int, bool]] = []  # (request, block id, index, completes)
         claimed: dict[int, str] = {}  # block id -> request, for this step's allocations
         bs = self.block_size
+        reqs = self._reqs
+        retained = self._pages
+        requests = scheduler.requests
+        kvm = self.kvm
         for rid, n in scheduler_output.num_scheduled_tokens.items():
-            req = self._reqs.get(rid)
+            req = reqs.get(rid)
             if req is None:
                 continue
-            request = scheduler.requests[rid]
-            ids = ix.manager_block_ids(self.kvm, rid)
+            request = requests[rid]
+            ids = ix.manager_block_ids(kvm, rid)
             end = int(request.num_computed_tokens)
             start = end - int(n)
             if not req.scheduled:
@@ -702,8 +714,8 @@ class RetireEngine:
                 for idx in range(first, len(ids)):
                     bid = ids[idx]
                     if bid not in known:
-                        if bid in self._pages or bid in claimed:
-                            owner = self._pages[bid].rid if bid in self._pages else claimed[bid]
+                        if bid in retained or bid in claimed:
+                            owner = retained[bid].rid if bid in retained else claimed[bid]
                             raise IntegrationError(
                                 f"block {bid} handed to {req.rid} while the facade still "
                                 f"retains it for {owner}"
@@ -712,10 +724,11 @@ class RetireEngine:
                         events.append(PageAllocated(req.scope, req.version, rid, bid, idx))
                         allocations.append((req, bid, idx))
             req.block_ids = ids
+            scope, version = req.scope, req.version
             for idx in range(start // bs, (end - 1) // bs + 1):
                 bid = ids[idx]
                 completes = end >= (idx + 1) * bs
-                events.append(WriteAttempted(req.scope, req.version, rid, bid, completes))
+                events.append(WriteAttempted(scope, version, rid, bid, completes))
                 writes.append((req, bid, idx, completes))
         if events:
             commands = self.retire.handle_batch(events)  # raises (and changes nothing) if bad
@@ -723,34 +736,39 @@ class RetireEngine:
                 self._retain(req, bid, idx)
             self._run(commands)
             allowed = {(c.page, c.participant) for c in commands if isinstance(c, AllowWrite)}
+            completed = self._completed
             for req, bid, idx, completes in writes:
                 if (bid, req.rid) not in allowed:
                     raise IsolationError(f"write of {req.rid} into block {bid} was not allowed")
-                self.records[req.scope].version(req.version).writes += 1
-                self._step_writes.append((req.rid, bid, idx))
+                req.record.writes += 1
+                step_writes.append((req.rid, bid, idx))
                 if completes:
-                    self._completed.append(bid)
+                    completed.append(bid)
         for obs in self.observers:
-            obs.before_execute(self, list(self._step_writes))
+            obs.before_execute(self, list(step_writes))
 
     def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
         refused: set[str] = set()
         events: list[Event] = []
         frames: list[tuple[_Req, int]] = []
+        reqs = self._reqs
+        new_frame = self._new_frame
+        commit = FrameKind.COMMIT
         for rid in scheduler_output.num_scheduled_tokens:
-            req = self._reqs.get(rid)
+            req = reqs.get(rid)
             if req is None:
                 continue
-            frame = self._new_frame(_Frame("commit", rid=rid))
-            events.append(FrameArrived(req.scope, req.version, frame, FrameKind.COMMIT))
+            frame = new_frame(None)
+            events.append(FrameArrived(req.scope, req.version, frame, commit))
             frames.append((req, frame))
         if not events:
             return refused
         self._emit_batch(events)  # one COMMIT frame per scheduled request, decided together
+        outcomes = self._outcomes
         for req, frame in frames:
-            rec = self.records[req.scope].version(req.version)
+            rec = req.record
             rec.commits += 1
-            outcome = self._frames.pop(frame).outcome
+            outcome = outcomes.pop(frame, None)
             assert outcome is not None, "a commit must be decided when it arrives"
             if outcome != "publish":
                 refused.add(req.rid)
@@ -775,114 +793,108 @@ class RetireEngine:
         return commands
 
     def _run(self, commands: Iterable[Command]) -> None:
-        self._cmdq.extend(commands)
+        queue = self._cmdq
+        queue.extend(commands)
         if self._draining:
             return
         self._draining = True
+        handlers = _HANDLERS
         try:
-            while self._cmdq:
-                self._execute(self._cmdq.popleft())
+            while queue:
+                cmd = queue.popleft()
+                handler = handlers.get(type(cmd))
+                if handler is None:  # pragma: no cover - the Command union is closed
+                    raise TypeError(f"unknown command {cmd!r}")
+                handler(self, cmd)
         finally:
             self._draining = False
-            self._cmdq.clear()
+            queue.clear()
 
-    def _execute(self, cmd: Command) -> None:
-        # the two commands of every step first (a frame published, a write allowed)
-        if isinstance(cmd, Publish):
-            self._on_publish(cmd)
-        elif isinstance(cmd, AllowWrite):
-            self.stats.writes_allowed += 1
-        elif isinstance(cmd, Drop):
-            self._on_drop(cmd)
-        elif isinstance(cmd, Fence):
-            if self._in_step:
-                self._deferred.append(cmd)
-                self.stats.fences_deferred += 1
-            else:
-                self._fence(cmd)
-        elif isinstance(cmd, FenceWrite):
-            raise IsolationError(
-                f"the core fenced a write of {cmd.participant} into block {cmd.page} "
-                f"({cmd.reason}); vLLM cannot stop a scheduled write"
-            )
-        elif isinstance(cmd, PinCertified):
-            self._pin(cmd.certificate)
-        elif isinstance(cmd, Adopt):
-            self._adopt(cmd)
-        elif isinstance(cmd, Unpin):
-            self._unpin(cmd)
-        elif isinstance(cmd, Admit):
-            self._admit(cmd)
-        elif isinstance(cmd, Free):
-            self._free(cmd)
-        else:  # pragma: no cover - the Command union is closed
-            raise TypeError(f"unknown command {cmd!r}")
+    def _on_allow_write(self, cmd: AllowWrite) -> None:
+        self.stats.writes_allowed += 1
+
+    def _on_fence(self, cmd: Fence) -> None:
+        if self._in_step:
+            self._deferred.append(cmd)
+            self.stats.fences_deferred += 1
+        else:
+            self._fence(cmd)
+
+    def _on_fence_write(self, cmd: FenceWrite) -> None:
+        raise IsolationError(
+            f"the core fenced a write of {cmd.participant} into block {cmd.page} "
+            f"({cmd.reason}); vLLM cannot stop a scheduled write"
+        )
+
+    def _on_pin_certified(self, cmd: PinCertified) -> None:
+        self._pin(cmd.certificate)
 
     # ---- frames ---------------------------------------------------------------------------------
 
-    def _new_frame(self, frame: _Frame) -> int:
+    def _new_frame(self, chunk: _Chunk | None) -> int:
+        """A new frame id: an engine frame carries its ``chunk``; for a consumer or commit frame
+        (``None``) the outcome is kept in ``_outcomes`` for the caller."""
         fid = next(self._frame_ids)
-        self._frames[fid] = frame
+        self._frames[fid] = chunk
         return fid
 
     def _on_publish(self, cmd: Publish) -> None:
-        frame = self._frames[cmd.frame]
-        frame.outcome = "publish"
+        chunk = self._frames.pop(cmd.frame)
         self.stats.frames_published += 1
-        if frame.kind == "engine":
-            assert frame.chunk is not None
-            self._queues[cmd.scope].append(frame.chunk)
-            self._frames.pop(cmd.frame)
+        if chunk is None:
+            self._outcomes[cmd.frame] = "publish"
+        else:
+            self._queues[cmd.scope].append(chunk)
 
     def _on_drop(self, cmd: Drop) -> None:
-        frame = self._frames[cmd.frame]
-        frame.outcome = cmd.reason
+        chunk = self._frames.pop(cmd.frame)
         self.stats.frames_dropped += 1
-        if frame.kind == "engine":
-            assert frame.chunk is not None
+        if chunk is None:
+            self._outcomes[cmd.frame] = cmd.reason
+        else:
             rec = self.records[cmd.scope].version(cmd.version)
-            rec.dropped_engine_tokens += len(frame.chunk.token_ids)
-            self._frames.pop(cmd.frame)
+            rec.dropped_engine_tokens += len(chunk.token_ids)
 
     def _on_output(self, out: Any, frames: list[Event] | None = None) -> None:
         """Record one ``RequestOutput``; its TOKEN frame is appended to ``frames`` (handed to the
         core by the caller) or, without a list, handed over at once."""
         # RequestOutput carries the external id; map it back to the internal one.
-        rid = self._internal.get(out.request_id, out.request_id)
+        rid = out.request_id
+        rid = self._internal.get(rid, rid)
         completion = out.outputs[0]
         tokens = tuple(map(int, completion.token_ids))
+        finished = out.finished
         ext = self.external.get(rid)
         if ext is not None:
             ext.token_ids.extend(tokens)
             if ext.num_cached_tokens is None:
                 ext.num_cached_tokens = out.num_cached_tokens
-            if out.finished:
+            if finished:
                 ext.finished = True
                 ext.finish_reason = completion.finish_reason
             return
         req = self._reqs.get(rid)
         if req is None:
             return
-        rec = self.records[req.scope].version(req.version)
+        rec = req.record
         now = self.clock()
         rec.output_token_ids.extend(tokens)
         if rec.num_cached_tokens is None and out.num_cached_tokens is not None:
             rec.num_cached_tokens = int(out.num_cached_tokens)
         if tokens and rec.first_output_at is None:
             rec.first_output_at = now
-        if out.finished:
+        if finished:
             req.finished = True
             rec.finish_reason = completion.finish_reason
             rec.finished_at = now
-        if tokens or out.finished:
-            chunk = _Chunk(req.scope, req.version, tokens, out.finished, completion.finish_reason)
-            frame = self._new_frame(_Frame("engine", chunk=chunk))
-            event = FrameArrived(req.scope, req.version, frame, FrameKind.TOKEN)
+        if tokens or finished:
+            chunk = _Chunk(req.scope, req.version, tokens, finished, completion.finish_reason)
+            event = FrameArrived(req.scope, req.version, self._new_frame(chunk), FrameKind.TOKEN)
             if frames is None:
                 self._emit(event)
             else:
                 frames.append(event)
-        if out.finished and completion.finish_reason != "abort":
+        if finished and completion.finish_reason != "abort":
             if frames:
                 pending = list(frames)
                 frames.clear()
@@ -898,7 +910,7 @@ class RetireEngine:
             by_request.setdefault(self._participant_rid[participant], []).append(participant)
         for rid, participants in by_request.items():
             req = self._reqs[rid]
-            self.records[req.scope].version(req.version).fenced = True
+            req.record.fenced = True
             if rid in self.scheduler.requests:
                 self.engine.abort_request([rid], internal=True)
             self._close_request(req, tuple(participants))
@@ -906,7 +918,7 @@ class RetireEngine:
     def _close_request(self, req: _Req, participants: Sequence[str]) -> None:
         """Close the writers of the request's open pages, then deliver receipts: ranks first (each
         worker answers after any step in flight), the request last."""
-        rec = self.records[req.scope].version(req.version)
+        rec = req.record
         self._release_handoff_pins(req)
         open_pages = [p for p in req.pages if p in self._pages and self._pages[p].writer_open]
         closures: list[Event] = []
@@ -942,16 +954,17 @@ class RetireEngine:
             bid, req.scope, req.version, req.rid, position, req.salt, self.spy.gen(bid)
         )
         req.pages.append(bid)
-        self.records[req.scope].version(req.version).pages.append(bid)
+        req.record.pages.append(bid)
 
     def _close_completed_writers(self) -> None:
         completed, self._completed = self._completed, []
-        todo = [
-            p for p in dict.fromkeys(completed) if p in self._pages and self._pages[p].writer_open
-        ]
+        pages = self._pages
+        todo = [p for p in dict.fromkeys(completed) if p in pages and pages[p].writer_open]
+        if not todo:
+            return
         events: list[Event] = []
         for page, digest in self.read_digests(todo).items():
-            self._pages[page].writer_open = False
+            pages[page].writer_open = False
             events.append(WriterClosed(page, digest))
         if events:
             self._emit_batch(events)
@@ -1100,7 +1113,7 @@ class RetireEngine:
         self._internal[external_id] = rid
         ranks = tuple(f"{rid}/rank{r}" for r in range(self.tp)) if self.tp > 1 else ()
         participants = (rid, *ranks)
-        req = _Req(rid, cmd.scope, cmd.version, participants, salt, adopted=tuple(adopted))
+        req = _Req(rid, cmd.scope, cmd.version, participants, salt, rec, adopted=tuple(adopted))
         req.handoff_pins = list(adopted)  # the certificate pins, now handoff pins
         self._reqs[rid] = req
         for participant in participants:
@@ -1131,7 +1144,7 @@ class RetireEngine:
                 self.stats.uncertified_hashes_evicted += 1
 
     def _check_prefix_hit(self, req: _Req, ids: list[int], start: int) -> None:
-        rec = self.records[req.scope].version(req.version)
+        rec = req.record
         n = len(req.adopted)
         rec.hit_block_ids = tuple(ids[: start // self.block_size])
         if start != n * self.block_size or tuple(ids[:n]) != req.adopted:
@@ -1183,6 +1196,22 @@ class RetireEngine:
             raise ValueError(
                 f"only exact output equivalence is supported, not {contract.equivalence!r}"
             )
+
+
+#: What ``_run`` does with each command, by its type (one dict lookup instead of an
+#: ``isinstance`` chain and a call to pass through).
+_HANDLERS: dict[type, Callable[[RetireEngine, Any], None]] = {
+    Publish: RetireEngine._on_publish,
+    AllowWrite: RetireEngine._on_allow_write,
+    Drop: RetireEngine._on_drop,
+    Fence: RetireEngine._on_fence,
+    FenceWrite: RetireEngine._on_fence_write,
+    PinCertified: RetireEngine._on_pin_certified,
+    Adopt: RetireEngine._adopt,
+    Unpin: RetireEngine._unpin,
+    Admit: RetireEngine._admit,
+    Free: RetireEngine._free,
+}
 
 
 def _lookup(digests: dict[Any, str], page: int) -> str:

@@ -14,6 +14,7 @@ symbols relied on are listed (and checked) in :mod:`.hooks`; findings are in
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -228,15 +229,36 @@ def kv_caches(worker: Any) -> list[torch.Tensor]:
     return list(worker.model_runner.kv_caches)
 
 
+#: Per worker: which KV tensors (object id, data address) its byte views were built from, and
+#: the views (they keep those tensors alive, so an id cannot be reused while it is cached).
+_LAYER_VIEWS: weakref.WeakKeyDictionary[Any, tuple[tuple[tuple[int, int], ...], list[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _layer_bytes(worker: Any) -> list[Any]:
     """Each layer's KV tensor as a ``[num_blocks, bytes per block]`` uint8 numpy view (no copy:
-    the CPU cache tensors are contiguous), so that a block's bytes are one row."""
+    the CPU cache tensors are contiguous), so that a block's bytes are one row.  The views are
+    reused while the worker's KV tensors stay the same (building them costs more than
+    digesting a block); a non-contiguous tensor is copied, so its view is never kept."""
+    caches = kv_caches(worker)
+    key = tuple((id(t), t.data_ptr()) for t in caches)
+    kept = _LAYER_VIEWS.get(worker)
+    if kept is not None and kept[0] == key:
+        return kept[1]
     import torch
 
     out = []
-    for t in kv_caches(worker):
-        flat = t if t.is_contiguous() else t.contiguous()
+    views = True
+    for t in caches:
+        flat = t
+        if not t.is_contiguous():
+            flat, views = t.contiguous(), False
         out.append(flat.view(torch.uint8).reshape(t.shape[0], -1).numpy())
+    if views:
+        # (a worker that cannot be weakly referenced gets its views built every time)
+        with contextlib.suppress(TypeError):
+            _LAYER_VIEWS[worker] = (key, out)
     return out
 
 

@@ -106,6 +106,32 @@ def test_block_ids_read_straight_from_the_manager_match_vllm(engine: Any) -> Non
     assert ix.manager_block_ids(ix.kv_cache_manager(engine), "no-such-request") == []
 
 
+def test_block_digests_follow_the_kv_bytes_while_their_views_are_kept() -> None:
+    """The byte views the digests read are kept per worker: they must still see every later
+    write, and must be rebuilt when the worker's KV tensors are replaced."""
+    import torch
+
+    from retire_vllm import introspect as ix
+
+    class Worker:
+        def __init__(self, caches: list[torch.Tensor]) -> None:
+            self.model_runner = type("Runner", (), {"kv_caches": caches})()
+
+    worker = Worker([torch.zeros(4, 2, 8), torch.zeros(4, 2, 8)])
+    first = ix.worker_block_digests(worker, [1, 2])
+    assert ix._layer_bytes(worker) is ix._layer_bytes(worker)  # kept, not rebuilt
+    ix.worker_corrupt_block(worker, 1, layer=1)
+    second = ix.worker_block_digests(worker, [1, 2])
+    assert second[1] != first[1] and second[2] == first[2]
+    worker.model_runner.kv_caches = [torch.ones(4, 2, 8), torch.zeros(4, 2, 8)]
+    assert ix.worker_block_digests(worker, [2])[2] != first[2]
+    # A non-contiguous tensor is digested through a copy, which must never be kept.
+    worker.model_runner.kv_caches = [torch.zeros(8, 4).t()]
+    before = ix.worker_block_digests(worker, [0])[0]
+    ix.worker_corrupt_block(worker, 0)
+    assert ix.worker_block_digests(worker, [0])[0] != before
+
+
 def test_isolation_audit_catches_a_stray_write(engine: Any) -> None:
     """Mutant: during a step, something writes into a closed page of co-tenant B (what retired
     work writing through a stale block table would do). The audit must report it."""
