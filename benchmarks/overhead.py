@@ -174,6 +174,7 @@ def summary(replay_doc: dict[str, Any] | None = None, *, quick: bool = False) ->
         doc["retire_core_us_per_step"] = retire.get("retire_core_us_per_step")
         doc["integration_share_of_step"] = retire.get("integration_share_of_step")
         doc["integration_us_per_step"] = retire.get("integration_us_per_step")
+        doc["engine_api_us_per_step"] = retire.get("engine_api_us_per_step")
         doc["step_ms_median"] = retire.get("step_ms_median")
         doc["retire_core_events"] = retire.get("retire_core_events")
         doc["retire_core_s"] = retire.get("retire_core_s")
@@ -210,6 +211,11 @@ def table(doc: dict[str, Any]) -> str:
                 f"{doc['integration_share_of_step']:.1%} of step time, "
                 f"{doc['integration_us_per_step']:.0f} us per step "
                 f"(median step {doc['step_ms_median']:.1f} ms)"
+            )
+        if doc.get("engine_api_us_per_step") is not None:
+            lines.append(
+                "  not counted above: vLLM's own add_request / abort_request work that the "
+                f"facade calls inside steps, {doc['engine_api_us_per_step']:.0f} us per step"
             )
     return "\n".join(lines)
 

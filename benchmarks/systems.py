@@ -115,12 +115,18 @@ class CoreTimer:
       harness's ``step()`` call (``in_step_s``);
     * ``LLMEngine.step`` of ``system.engine``: the engine's own step (``engine_s``);
     * the facade's scheduler hooks (``withheld``, ``after_schedule``, ``before_commit``), which
-      run *inside* ``LLMEngine.step`` (``hooks_s``).
+      run *inside* ``LLMEngine.step`` (``hooks_s``);
+    * vLLM's request API (``add_request``, ``abort_request`` of ``system.engine``) when a
+      harness step calls it outside ``LLMEngine.step`` (``engine_api_s``): the facade admits a
+      successor and carries out a fence deferred to the step boundary inside its ``step()``.
+      That is the engine's own work, the same a native client pays in its submit and abort.
 
-    So the integration's work during a step is ``step - engine + hooks`` (core included).
+    So the integration's work during a step is ``step - engine - engine_api + hooks`` (core
+    included).
     """
 
     HOOKS = ("withheld", "after_schedule", "before_commit")
+    ENGINE_API = ("add_request", "abort_request")
 
     def __init__(self, system: Any, clock: Callable[[], float] = time.perf_counter) -> None:
         self.total_s = 0.0
@@ -128,7 +134,9 @@ class CoreTimer:
         self.in_step_s = 0.0
         self.engine_s = 0.0
         self.hooks_s = 0.0
+        self.engine_api_s = 0.0
         self._in_step = False
+        self._in_engine = False
         self._clock = clock
         core: Any = getattr(system, "retire", None)
         self.active = core is not None and hasattr(core, "handle")
@@ -139,7 +147,10 @@ class CoreTimer:
                 core.handle_batch = self._timed_core(core.handle_batch, len)
         engine: Any = getattr(system, "engine", None)
         if engine is not None:
-            engine.step = self._timed(engine.step, "engine_s")
+            engine.step = self._timed_engine_step(engine.step)
+            for name in self.ENGINE_API:
+                if hasattr(engine, name):
+                    setattr(engine, name, self._timed_engine_api(getattr(engine, name)))
         if getattr(getattr(system, "scheduler", None), "retire_hooks", None) is system:
             for name in self.HOOKS:
                 if hasattr(system, name):
@@ -174,6 +185,34 @@ class CoreTimer:
                 return fn(*args, **kwargs)
             finally:
                 setattr(self, field, getattr(self, field) + clock() - t0)
+
+        return timed
+
+    def _timed_engine_step(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        clock = self._clock
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            self._in_engine = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._in_engine = False
+                self.engine_s += clock() - t0
+
+        return timed
+
+    def _timed_engine_api(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        clock = self._clock
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self._in_step or self._in_engine:  # outside steps, or already engine time
+                return fn(*args, **kwargs)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.engine_api_s += clock() - t0
 
         return timed
 

@@ -203,3 +203,41 @@ def test_core_overhead_driver_adopts_and_measures() -> None:
     small = doc["core"][0]
     assert small["events"] > 1000 and small["events_per_s"] > 0
     assert "events/s" in overhead.table(doc)
+
+
+def test_core_timer_counts_vllm_request_api_inside_steps_apart() -> None:
+    """vLLM's add/abort work that a harness step calls outside ``LLMEngine.step`` is counted
+    as ``engine_api_s`` (engine work, not integration glue); inside ``LLMEngine.step`` it is
+    already engine time, and outside steps it is not step time at all."""
+    from retire_bench.systems import CoreTimer
+
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    class Engine:
+        def add_request(self, cost: float) -> None:
+            now[0] += cost
+
+        def abort_request(self, cost: float) -> None:
+            now[0] += cost
+
+        def step(self) -> None:
+            now[0] += 1.0
+            self.abort_request(0.5)  # vLLM's own abort inside its step: engine time already
+
+    class System:
+        def __init__(self) -> None:
+            self.engine = Engine()
+
+    system = System()
+    timer = CoreTimer(system, clock)
+    system.engine.add_request(0.25)  # a submit between steps
+    timer.stepping(True)
+    system.engine.add_request(0.125)  # the facade admitting a successor inside its step()
+    system.engine.step()
+    system.engine.abort_request(0.0625)  # a fence deferred to the step boundary
+    timer.stepping(False)
+    assert timer.engine_s == 1.5
+    assert timer.engine_api_s == 0.1875
