@@ -113,6 +113,7 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(_CORE, "EngineCore.abort_requests", _C, ("request_ids",), "(f) revoke"),
     Hook(_CORE, "EngineCore.add_request", _C, ("request", "request_wave"), "(a)"),
     Hook(_CORE, "EngineCore.collective_rpc", _C, ("method", "timeout", "args", "kwargs"), "(g)"),
+    Hook(_CORE, "EngineCore.__init__", _C, ("vllm_config",), "several engines: registration"),
     Hook(_CORE, "EngineCore.shutdown", _C, (), "several in-process engines"),
     Hook(_CORE, "cleanup_dist_env_and_memory", _C, ("shutdown_ray",), "several engines"),
     Hook("vllm.config.scheduler", "SchedulerConfig.scheduler_cls", _F, use="(f) subclass"),

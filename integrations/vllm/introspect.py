@@ -15,6 +15,7 @@ symbols relied on are listed (and checked) in :mod:`.hooks`; findings are in
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,7 +61,9 @@ _LIVE_CORES: weakref.WeakSet[Any] = weakref.WeakSet()
 def share_distributed_state(engine: LLMEngine) -> None:
     """Let ``engine`` live beside other in-process engines: from now on an engine core's
     shutdown leaves vLLM's process-wide distributed state alone while another registered core
-    is still running, and the last one to shut down tears it down as vLLM would. Idempotent."""
+    is still running, and the last one to shut down tears it down as vLLM would. Every engine
+    core built after the first call registers itself, however it was built (a plain vLLM
+    engine beside a Retire one included). Idempotent."""
     import importlib
 
     # (typed as Any: this patches vLLM's module and class in place)
@@ -69,6 +72,14 @@ def share_distributed_state(engine: LLMEngine) -> None:
     cls: Any = core_module.EngineCore
     if getattr(cls.shutdown, "_retire_shared", False):
         return
+    original_init: Callable[..., None] = cls.__init__
+
+    @functools.wraps(original_init)  # (the hooks check reads vLLM's signature through it)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        _LIVE_CORES.add(self)
+
+    cls.__init__ = __init__
     original: Callable[[Any], None] = cls.shutdown
 
     def shutdown(self: Any) -> None:

@@ -71,3 +71,21 @@ def test_the_check_catches_a_shutdown_that_tears_down_under_a_running_engine(
         assert calls == ["x"]  # the teardown the test above forbids while b runs
     finally:
         shutdown(b)
+
+
+def test_an_engine_built_without_registering_is_registered_by_its_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain vLLM engine built beside a Retire one (nobody calls share_distributed_state for
+    it) still counts: shutting the other engine down must leave it running."""
+    a = build_engine(num_blocks=64)  # the first call installs the shared shutdown
+    with monkeypatch.context() as m:
+        m.setattr(introspect, "share_distributed_state", lambda engine: None)
+        b = build_engine(num_blocks=64)  # as a user would build a native engine
+    try:
+        assert introspect.engine_core(b) in introspect._LIVE_CORES
+        before = _generate(b, "before")
+        shutdown(a)
+        assert _generate(b, "after") == before
+    finally:
+        shutdown(b)
