@@ -332,6 +332,16 @@ class RetireEngine:
         self.kvm: Any = ix.kv_cache_manager(engine)
         self.pool: Any = ix.block_pool(engine)
         self.executor: Any = ix.engine_core(engine).model_executor
+        # Every rank's KV cache must be readable block by block (digests, receipts), or the
+        # first writer closure would fail mid-run: say so now, before attaching.
+        problems = self.executor.collective_rpc(
+            ix.worker_kv_layout_problem, args=(int(self.pool.num_gpu_blocks),)
+        )
+        if any(problems):
+            raise IntegrationError(
+                "Retire cannot read this engine's KV blocks: "
+                + "; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p)
+            )
         vcfg: Any = ix.engine_core(engine).vllm_config
         self.block_size: int = int(vcfg.cache_config.block_size)
         if self.block_size != BLOCK_SIZE:

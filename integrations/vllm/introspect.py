@@ -293,6 +293,22 @@ def worker_block_digests(worker: Any, block_ids: Iterable[int]) -> dict[int, str
     return {bid: _digest(layers, bid) for bid in block_ids}
 
 
+def worker_kv_layout_problem(worker: Any, num_blocks: int) -> str | None:
+    """Why this worker's KV caches cannot be read block by block as the digests and the fault
+    injection read them (None if they can): each layer must be a CPU tensor whose first
+    dimension is the block. (A GPU attention backend keeps its own layout, e.g. K and V first,
+    and its tensors cannot be viewed from the host without a copy.)"""
+    for i, t in enumerate(kv_caches(worker)):
+        if t.device.type != "cpu":
+            return f"layer {i}: the KV cache is on {t.device}; block digests read CPU tensors"
+        if t.dim() < 2 or int(t.shape[0]) != num_blocks:
+            return (
+                f"layer {i}: KV cache shape {list(t.shape)} does not start with the pool's "
+                f"{num_blocks} blocks"
+            )
+    return None
+
+
 def worker_corrupt_block(worker: Any, block_id: int, layer: int = 0, value: float = 0.5) -> None:
     """Overwrite block ``block_id`` of one layer in place (same id, same counts, other bytes)."""
     with __import__("torch").no_grad():

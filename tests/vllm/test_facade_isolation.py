@@ -17,7 +17,7 @@ import pytest
 from retire_core import DEFAULT_CONTRACT, IllegalTransitionError, ScopeState
 from retire_vllm import faults
 from retire_vllm.checker import Checker, IsolationAudit
-from retire_vllm.facade import RetireEngine, RetireFleet
+from retire_vllm.facade import IntegrationError, RetireEngine, RetireFleet
 from tests.vllm.support import (
     assert_engine_clean,
     attached,
@@ -130,6 +130,38 @@ def test_block_digests_follow_the_kv_bytes_while_their_views_are_kept() -> None:
     before = ix.worker_block_digests(worker, [0])[0]
     ix.worker_corrupt_block(worker, 0)
     assert ix.worker_block_digests(worker, [0])[0] != before
+
+
+def test_kv_layouts_the_digests_cannot_read_are_named() -> None:
+    """Only CPU KV tensors whose first dimension is the block can be read block by block."""
+    import torch
+
+    from retire_vllm import introspect as ix
+
+    def worker(*caches: torch.Tensor) -> Any:
+        return type("W", (), {"model_runner": type("R", (), {"kv_caches": list(caches)})()})()
+
+    assert ix.worker_kv_layout_problem(worker(torch.zeros(4, 2, 8)), 4) is None
+    kv_first = ix.worker_kv_layout_problem(worker(torch.zeros(4, 2, 8), torch.zeros(2, 4, 8)), 4)
+    assert kv_first is not None and kv_first.startswith("layer 1: KV cache shape [2, 4, 8]")
+    on_device = ix.worker_kv_layout_problem(worker(torch.zeros(4, 2, 8, device="meta")), 4)
+    assert on_device is not None and "on meta" in on_device
+
+
+def test_an_engine_whose_kv_blocks_cannot_be_read_is_refused_at_attach(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layout the digests cannot read is a clear error before attaching, not a failure at the
+    first writer closure; the engine is left as it was."""
+    from retire_vllm import introspect as ix
+
+    monkeypatch.setattr(ix, "worker_kv_layout_problem", lambda worker, n: f"{n} blocks, wrong")
+    with pytest.raises(IntegrationError, match="rank 0: 256 blocks, wrong"):
+        RetireEngine(engine=engine)
+    assert ix.scheduler(engine).retire_hooks is None
+    monkeypatch.undo()
+    with attached(engine) as facade:  # and it still attaches once the layout is readable
+        assert len(facade.retire.state.pages) == 0
 
 
 def test_isolation_audit_catches_a_stray_write(engine: Any) -> None:
