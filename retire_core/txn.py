@@ -45,11 +45,10 @@ class PageDict:
 
     __slots__ = ("_m", "_own_counts", "_own_ids", "changes", "kinds", "owned")
 
-    def __init__(self, source: PageMap[PageId, PageRecord], index: PageIndex | None) -> None:
-        self._m: MapMutation[PageId, PageRecord] = source.mutate()
+    def __init__(self, index: PageIndex) -> None:
+        """Thaw ``index``'s page map, sharing its ids and counts."""
+        self._m: MapMutation[PageId, PageRecord] = index[0].mutate()
         self.changes = 0
-        if index is None or index[0] is not source:
-            index = build_index(source)  # the empty initial map, or a state built by hand
         self.owned: dict[ScopeId, set[PageId]] = dict(index[1])
         self.kinds: dict[ScopeId, dict[tuple[Version, bool], int]] = dict(index[2])
         # the scopes whose id set / counts this dict has its own copy of
@@ -200,7 +199,7 @@ class Txn:
     def pages(self) -> PageDict:
         d = self._pages
         if d is None:
-            d = self._pages = PageDict(self.state.pages, self._index())
+            d = self._pages = PageDict(self._index())
             self.rpages = d
         return d
 
@@ -211,11 +210,14 @@ class Txn:
             d = self._generations = self.state.generations.mutate()
         return d
 
-    def _index(self) -> PageIndex | None:
-        """The frozen state's page index, if it describes the state's own page map."""
+    def _index(self) -> PageIndex:
+        """The index of the frozen state's page map: the state's own, or (a state built or
+        evolved by hand comes without a valid one) built once for this step."""
         index = self.state.page_index
         if index is not None and index[0] is self.state.pages:
             return index
+        if self._built is None:
+            self._built = build_index(self.state.pages)
         return self._built
 
     @property
@@ -248,7 +250,7 @@ class Txn:
         pages = self._pages
         if pages is not None:
             return pages.owned.get(scope, ())
-        return self._frozen_index()[1].get(scope, ())
+        return self._index()[1].get(scope, ())
 
     def page_kinds(self, scope: ScopeId) -> Collection[tuple[Version, bool]]:
         """The (version, ``held``) pairs of the pages ``scope`` owns, in the current view,
@@ -256,13 +258,7 @@ class Txn:
         pages = self._pages
         if pages is not None:
             return pages.kinds.get(scope, {}).keys()
-        return self._frozen_index()[2].get(scope, {}).keys()
-
-    def _frozen_index(self) -> PageIndex:
-        index = self._index()
-        if index is None:  # a state built by hand: index it once for this step, as a thaw would
-            index = self._built = build_index(self.state.pages)
-        return index
+        return self._index()[2].get(scope, {}).keys()
 
     def read_ledger(self) -> Any:
         """``self.ledger`` for reading only (a list or a tuple), without copying it."""
