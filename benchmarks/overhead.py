@@ -5,12 +5,12 @@ through full version lifecycles: submit, launch, allocate / write / close every 
 context, token and commit frames, then revisions that share a prefix with the predecessor, the
 fence receipts, the byte check of the certificate, adoption and reclamation -- answering every
 command the core returns. It reports events per second and microseconds per event for a small
-state (the replay's 3 scopes), a larger one and one with 32,768 live pages, each with the events
-handed over one by one (``Retire.handle``) and in small batches (``Retire.handle_batch``, as the
-vLLM facade does per hook). The share of engine step time comes from the replay itself
-(``retire_core_share_of_step`` in the replay JSON: time inside ``Retire.handle`` and
-``Retire.handle_batch`` during ``step()`` over total ``step()`` time; the facade's own glue is
-not counted there, ``integration_share_of_step`` counts it).
+state (the replay's 3 scopes), a larger one and one with 32,768 live pages (8,192 in the demo's
+quick run), each with the events handed over one by one (``Retire.handle``) and in small
+batches (``Retire.handle_batch``, as the vLLM facade does per hook). The share of engine step
+time comes from the replay itself (``retire_core_share_of_step`` in the replay JSON: time inside
+``Retire.handle`` and ``Retire.handle_batch`` during ``step()`` over total ``step()`` time; the
+facade's own glue is not counted there, ``integration_share_of_step`` counts it).
 ``python -m retire_bench.overhead`` prints the table.
 """
 
