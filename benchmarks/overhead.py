@@ -172,6 +172,8 @@ def summary(replay_doc: dict[str, Any] | None = None, *, quick: bool = False) ->
         doc["retire_share_of_step"] = share
         doc["retire_share_of_run"] = retire.get("retire_core_share_of_run")
         doc["retire_core_us_per_step"] = retire.get("retire_core_us_per_step")
+        doc["retire_core_us_per_step_warm"] = retire.get("retire_core_us_per_step_warm")
+        doc["retire_core_share_of_step_warm"] = retire.get("retire_core_share_of_step_warm")
         doc["integration_share_of_step"] = retire.get("integration_share_of_step")
         doc["integration_us_per_step"] = retire.get("integration_us_per_step")
         doc["engine_api_us_per_step"] = retire.get("engine_api_us_per_step")
@@ -205,6 +207,12 @@ def table(doc: dict[str, Any]) -> str:
             f"(target < {doc['target_share_of_step']:.0%}: {verdict}); "
             f"{doc['retire_core_us_per_step']:.0f} us per step"
         )
+        if doc.get("retire_core_us_per_step_warm") is not None:
+            lines.append(
+                "  the same in-step core calls replayed back to back after the run (CPU caches "
+                f"not evicted by the model in between): {doc['retire_core_us_per_step_warm']:.0f}"
+                f" us per step, {doc['retire_core_share_of_step_warm']:.3%} of step time"
+            )
         if doc.get("integration_share_of_step") is not None:
             lines.append(
                 "  all of the integration's work during steps (facade glue + core): "

@@ -123,12 +123,19 @@ class CoreTimer:
 
     So the integration's work during a step is ``step - engine - engine_api + hooks`` (core
     included).
+
+    With ``record=True`` it also keeps every core call that returned (its events, whether it
+    ran inside a step, the commands it returned), so that :meth:`warm_replay` can run the same
+    calls again, back to back on a fresh core, after the run: what the core's in-step calls cost
+    when the model's kernels have not evicted the CPU caches in between.
     """
 
     HOOKS = ("withheld", "after_schedule", "before_commit")
     ENGINE_API = ("add_request", "abort_request")
 
-    def __init__(self, system: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, system: Any, clock: Callable[[], float] = time.perf_counter, *, record: bool = False
+    ) -> None:
         self.total_s = 0.0
         self.events = 0
         self.in_step_s = 0.0
@@ -140,11 +147,18 @@ class CoreTimer:
         self._clock = clock
         core: Any = getattr(system, "retire", None)
         self.active = core is not None and hasattr(core, "handle")
+        # (batch?, events, in a step?, commands) of each call that returned, in order, and the
+        # core's state before the first (see warm_replay)
+        self.calls: list[tuple[bool, tuple[Any, ...], bool, list[Any]]] | None = None
+        self._initial: Any = None
         if self.active:
-            core.handle = self._timed_core(core.handle, lambda _event: 1)
+            if record:
+                self.calls = []
+                self._initial = core.snapshot()
+            core.handle = self._timed_core(core.handle, lambda _event: 1, batch=False)
             if hasattr(core, "handle_batch"):
                 # A batch counts as many events as it holds (the facade hands lists over).
-                core.handle_batch = self._timed_core(core.handle_batch, len)
+                core.handle_batch = self._timed_core(core.handle_batch, len, batch=True)
         engine: Any = getattr(system, "engine", None)
         if engine is not None:
             engine.step = self._timed_engine_step(engine.step)
@@ -157,24 +171,59 @@ class CoreTimer:
                     setattr(system, name, self._timed(getattr(system, name), "hooks_s"))
 
     def _timed_core(
-        self, original: Callable[[Any], Any], count: Callable[[Any], int]
+        self, original: Callable[[Any], Any], count: Callable[[Any], int], *, batch: bool
     ) -> Callable[[Any], Any]:
         """Wrap ``Retire.handle`` / ``handle_batch`` on the instance (the facade's calls go
         through the instance attribute): time inside the core, and the events it handled."""
         clock = self._clock
+        calls = self.calls
 
         def timed(arg: Any) -> Any:
             t0 = clock()
             try:
-                return original(arg)
+                result = original(arg)
             finally:
                 dt = clock() - t0
                 self.total_s += dt
                 self.events += count(arg)
                 if self._in_step:
                     self.in_step_s += dt
+            if calls is not None:  # a call that raised changed nothing: nothing to replay
+                calls.append((batch, tuple(arg) if batch else (arg,), self._in_step, list(result)))
+            return result
 
         return timed
+
+    def warm_replay(self, reps: int = 3) -> float:
+        """Seconds the recorded in-step core calls take when replayed back to back on a fresh
+        core built like the system's (same initial state, a logger that drops INFO as
+        ``quiet_logger``), best of ``reps`` passes. Every call is replayed (those outside steps
+        too, untimed) so each starts from the state it had in the run; a call whose commands
+        differ from the recorded ones raises ``RuntimeError`` (the figure would not be the
+        same work)."""
+        if self.calls is None:
+            raise ValueError("CoreTimer(record=True) keeps the calls to replay")
+        from retire_core import Retire
+
+        clock = self._clock
+        best: float | None = None
+        for _ in range(max(1, reps)):
+            core = Retire(logger=quiet_logger(), state=self._initial)
+            handle, handle_batch = core.handle, core.handle_batch
+            total = 0.0
+            for i, (batch, events, in_step, commands) in enumerate(self.calls):
+                t0 = clock()
+                got = handle_batch(events) if batch else handle(events[0])
+                dt = clock() - t0
+                if in_step:
+                    total += dt
+                if got != commands:
+                    raise RuntimeError(
+                        f"warm replay diverged at core call {i}: {got!r} != {commands!r}"
+                    )
+            best = total if best is None else min(best, total)
+        assert best is not None
+        return best
 
     def _timed(self, fn: Callable[..., Any], field: str) -> Callable[..., Any]:
         clock = self._clock

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -11,6 +12,9 @@ from retire_bench.reference import Admission, admit
 from retire_bench.replay import SYSTEM_KEYS, TOP_KEYS, ReplayConfig, RunResult, results_json, table
 from retire_bench.traces import DEFAULT_TRACE_PATH, load_trace
 from retire_vllm.api import Delivery
+
+if TYPE_CHECKING:
+    from retire_bench.systems import CoreTimer
 
 
 def d(scope: str, version: int, n: int, finished: bool = False, first: int = 1) -> Delivery:
@@ -187,6 +191,19 @@ def test_results_json_schema_is_stable() -> None:
     assert doc["native"]["contended_runs"] == 2 and doc["retire"]["contended_runs"] == 2
 
 
+def test_results_json_reports_the_warm_replay_only_when_every_run_has_one() -> None:
+    import attrs
+
+    trace = load_trace(DEFAULT_TRACE_PATH)
+    warm = attrs.evolve(_result("retire", CLEAN), core_warm_in_step_s=0.0002)
+    doc = results_json(trace, ReplayConfig(), {"retire": [warm, warm]})
+    assert doc["retire"]["retire_core_share_of_step_warm"] == pytest.approx(0.0002 / 0.006)
+    assert doc["retire"]["retire_core_us_per_step_warm"] == pytest.approx(0.0002 / 3 * 1e6)
+    assert "same core calls replayed warm" in table(doc)
+    doc = results_json(trace, ReplayConfig(), {"retire": [warm, _result("retire", CLEAN)]})
+    assert doc["retire"]["retire_core_share_of_step_warm"] is None
+
+
 def test_aggregate_takes_the_worst_run_for_safety_counts() -> None:
     a = M.compute(run(CLEAN))
     b = M.compute(run([*CLEAN, (d("a", 0, 7, True, first=4), 2.1)]))
@@ -241,3 +258,84 @@ def test_core_timer_counts_vllm_request_api_inside_steps_apart() -> None:
     timer.stepping(False)
     assert timer.engine_s == 1.5
     assert timer.engine_api_s == 0.1875
+
+
+def _recorded_core_run() -> CoreTimer:
+    """A fake system holding a real core, driven through ``CoreTimer(record=True)``: a scope
+    submitted and started outside steps, then pages and frames handled inside steps, one by one
+    and in batches, with a fake clock that advances 1 per read (so 1 per timed call)."""
+    import retire_core as rc
+    from retire_bench.systems import CoreTimer, quiet_logger
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0  # a timed call reads it twice: 1 per call
+        return now[0]
+
+    class System:
+        def __init__(self) -> None:
+            self.retire = rc.Retire(logger=quiet_logger())
+
+    system = System()
+    timer = CoreTimer(system, clock, record=True)
+    core = system.retire
+    core.handle(rc.Submit("s", "t", "fp", ("a", "b")))
+    core.handle(rc.ParticipantStarted("s", 0, "q"))
+    timer.stepping(True)
+    core.handle_batch(
+        [rc.PageAllocated("s", 0, "q", 1, 0), rc.WriteAttempted("s", 0, "q", 1, True)]
+    )
+    core.handle(rc.WriterClosed(1, "d1"))
+    core.handle_batch([rc.FrameArrived("s", 0, 7, rc.FrameKind.COMMIT)])
+    with pytest.raises(rc.RetireError):  # a refused call changes nothing and is not replayed
+        core.handle(rc.FrameArrived("s", 5, 8, rc.FrameKind.TOKEN))
+    timer.stepping(False)
+    core.handle(rc.Cancel("s"))
+    return timer
+
+
+def test_core_timer_replays_the_recorded_calls_warm() -> None:
+    """The warm replay reruns every recorded call from the run's initial state (those outside
+    steps too) and times only the in-step ones; each call must give the recorded commands."""
+    timer = _recorded_core_run()
+    assert timer.calls is not None
+    assert [(batch, len(events), in_step) for batch, events, in_step, _ in timer.calls] == [
+        (False, 1, False),
+        (False, 1, False),
+        (True, 2, True),
+        (False, 1, True),
+        (True, 1, True),
+        (False, 1, False),
+    ]
+    assert timer.in_step_s == 4.0  # three recorded calls and the refused one
+    # fake clock: 1 per call, three in-step calls per pass, best of two passes
+    assert timer.warm_replay(reps=2) == 3.0
+
+
+def test_core_timer_warm_replay_refuses_a_diverging_replay() -> None:
+    """Mutant: a recorded call whose commands the replay does not reproduce (here: a publish
+    recorded as a drop) makes the figure meaningless, so the replay raises."""
+    import retire_core as rc
+
+    timer = _recorded_core_run()
+    assert timer.calls is not None
+    batch, events, in_step, commands = timer.calls[4]
+    (publish,) = commands
+    assert isinstance(publish, rc.Publish)
+    drop = rc.Drop(publish.frame, publish.scope, publish.version, publish.kind, "retired_version")
+    timer.calls[4] = (batch, events, in_step, [drop])
+    with pytest.raises(RuntimeError, match="diverged at core call 4"):
+        timer.warm_replay(reps=1)
+
+
+def test_core_timer_without_recording_has_no_replay() -> None:
+    from retire_bench.systems import CoreTimer
+
+    class System:
+        pass
+
+    timer = CoreTimer(System())
+    assert timer.calls is None
+    with pytest.raises(ValueError, match="record=True"):
+        timer.warm_replay()

@@ -94,6 +94,8 @@ def test_short_replay_both_systems(short_trace: Path, tmp_path: Path) -> None:
     assert doc["checker_admitted"] is True
     assert set(R.TOP_KEYS) <= set(doc) and set(R.SYSTEM_KEYS) <= set(doc["native"])
     assert doc["goodput_ratio"] is not None
+    # the run's in-step core calls replayed warm gave back the very commands of the run
+    assert retire["retire_core_us_per_step_warm"] is not None
     json.dumps(doc)
     from retire_bench import plots
 
