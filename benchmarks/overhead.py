@@ -5,10 +5,11 @@ through full version lifecycles: submit, launch, allocate / write / close every 
 context, token and commit frames, then revisions that share a prefix with the predecessor, the
 fence receipts, the byte check of the certificate, adoption and reclamation -- answering every
 command the core returns. It reports events per second and microseconds per event for a small
-state (the replay's 3 scopes), a larger one and one with 32,768 live pages (8,192 in the demo's
-quick run), each with the events handed over one by one (``Retire.handle``) and in small
-batches (``Retire.handle_batch``, as the vLLM facade does per hook). The share of engine step
-time comes from the replay itself (``retire_core_share_of_step`` in the replay JSON: time inside
+state (the replay's 3 scopes), a larger one, one with 32,768 live pages (8,192 in the demo's
+quick run) and one scope with a long context of 8,192 blocks (2,048 in the quick run), each with
+the events handed over one by one (``Retire.handle``) and in small batches
+(``Retire.handle_batch``, as the vLLM facade does per hook). The share of engine step time comes
+from the replay itself (``retire_core_share_of_step`` in the replay JSON: time inside
 ``Retire.handle`` and ``Retire.handle_batch`` during ``step()`` over total ``step()`` time; the
 facade's own glue is not counted there, ``integration_share_of_step`` counts it).
 ``python -m retire_bench.overhead`` prints the table.
@@ -135,18 +136,21 @@ def _drive(
 
 
 def core_throughput(quick: bool = False) -> list[dict[str, Any]]:
-    # The third state holds 32,768 live pages (an engine with a GPU-sized KV pool): a step's
-    # cost must not grow with it (the page maps are tries, the per-scope index is carried on).
+    # The third state holds 32,768 live pages (an engine with a GPU-sized KV pool), the fourth
+    # one scope with 8,192 (a 128k-token context): a step's cost must grow with neither (the
+    # page maps and each scope's page ids are tries, the per-scope index is carried on).
     configs = [
         {"scopes": 3, "blocks": 16, "tokens": 64, "revisions": 8, "keep": 8},
         {"scopes": 16, "blocks": 64, "tokens": 64, "revisions": 4, "keep": 32},
         {"scopes": 64, "blocks": 512, "tokens": 16, "revisions": 1, "keep": 256},
+        {"scopes": 1, "blocks": 8192, "tokens": 16, "revisions": 1, "keep": 4096},
     ]
     if quick:
         configs = [
             configs[0],
             {**configs[1], "revisions": 2},
             {"scopes": 32, "blocks": 256, "tokens": 16, "revisions": 1, "keep": 128},
+            {"scopes": 1, "blocks": 2048, "tokens": 16, "revisions": 1, "keep": 1024},
         ]
     out = []
     for cfg, batched in [(c, b) for c in configs for b in (False, True)]:

@@ -89,7 +89,7 @@ class PageRecord:
 # how many of its pages have each (version, ``held``) pair (see ``txn.PageDict``).
 PageIndex = tuple[
     PageMap[PageId, PageRecord],
-    dict[ScopeId, set[PageId]],
+    dict[ScopeId, PageMap[PageId, None]],  # a persistent set of ids per scope
     dict[ScopeId, dict[tuple[Version, bool], int]],
 ]
 

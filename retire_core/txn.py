@@ -30,7 +30,9 @@ class PageDict:
     O(log n) trie nodes, never the whole map), plus what RECLAIM, ALIGN and the classification
     of late frames need to look at one scope instead of every page of the engine:
 
-    * ``owned``: the ids of each scope's pages;
+    * ``owned``: the ids of each scope's pages, each scope's as a ``PageMap`` of id -> None (a
+      persistent set: a step that adds one page to a scope of 10,000 copies O(log n) trie
+      nodes, not the scope's ids);
     * ``kinds``: per scope, how many of its pages have each (version, ``held``) pair, so that
       RECLAIM sees in a few lookups that a scope has no obsolete or unheld page (and a late
       frame whether its version still has pages) without reading the scope's pages;
@@ -39,28 +41,36 @@ class PageDict:
       be skipped while nothing it looks at has changed (``Txn.clean``). Removing a page never
       counts: it cannot make a clean scope unclean.
 
-    The index of the state it was thawed from is shared scope by scope, and a scope's entry is
-    copied on its first change; the next state keeps this one (``CoreState.page_index``), never
-    written again."""
+    The index of the state it was thawed from is shared scope by scope: a scope's ids are
+    edited through a mutation of its map, and its counts copied on their first change; the next
+    state keeps this one (``CoreState.page_index``), never written again."""
 
-    __slots__ = ("_m", "_own_counts", "_own_ids", "changes", "kinds", "owned")
+    __slots__ = ("_ids_edits", "_m", "_own_counts", "changes", "kinds", "owned")
 
     def __init__(self, index: PageIndex) -> None:
         """Thaw ``index``'s page map, sharing its ids and counts."""
         self._m: MapMutation[PageId, PageRecord] = index[0].mutate()
         self.changes = 0
-        self.owned: dict[ScopeId, set[PageId]] = dict(index[1])
+        self.owned: dict[ScopeId, PageMap[PageId, None]] = dict(index[1])
         self.kinds: dict[ScopeId, dict[tuple[Version, bool], int]] = dict(index[2])
-        # the scopes whose id set / counts this dict has its own copy of
-        self._own_ids: set[ScopeId] = set()
+        # the scopes whose ids this step is editing (folded back into ``owned`` when read), and
+        # the scopes whose counts this dict has its own copy of
+        self._ids_edits: dict[ScopeId, MapMutation[PageId, None]] = {}
         self._own_counts: set[ScopeId] = set()
 
-    def _ids(self, scope: ScopeId) -> set[PageId]:
-        if scope in self._own_ids:
-            return self.owned[scope]
-        self._own_ids.add(scope)
-        mine = self.owned[scope] = set(self.owned.get(scope, ()))
-        return mine
+    def _ids(self, scope: ScopeId) -> MapMutation[PageId, None]:
+        edits = self._ids_edits.get(scope)
+        if edits is None:
+            edits = self._ids_edits[scope] = self.owned.get(scope, _NO_IDS).mutate()
+        return edits
+
+    def owned_ids(self, scope: ScopeId) -> PageMap[PageId, None]:
+        """The ids of ``scope``'s pages as they are now (a frozen map: later edits go to a new
+        mutation and leave it alone)."""
+        edits = self._ids_edits.pop(scope, None)
+        if edits is not None:
+            self.owned[scope] = edits.finish()
+        return self.owned.get(scope, _NO_IDS)
 
     def _count(self, scope: ScopeId, kind: tuple[Version, bool], delta: int) -> None:
         if scope in self._own_counts:
@@ -88,17 +98,17 @@ class PageDict:
             if old is not None:
                 self._count(old.owner, (old.version, old.held), -1)
                 if old.owner != owner:
-                    self._ids(old.owner).discard(key)
-                    self._ids(owner).add(key)
+                    self._ids(old.owner).pop(key, None)
+                    self._ids(owner)[key] = None
             else:
-                self._ids(owner).add(key)
+                self._ids(owner)[key] = None
             self._count(owner, (value.version, value.held), 1)
         m[key] = value
 
     def __delitem__(self, key: PageId) -> None:
         old = self._m[key]
         del self._m[key]
-        self._ids(old.owner).discard(key)
+        self._ids(old.owner).pop(key, None)
         self._count(old.owner, (old.version, old.held), -1)
 
     def __getitem__(self, key: PageId) -> PageRecord:
@@ -134,19 +144,26 @@ class PageDict:
 
     def finish(self) -> PageIndex:
         """Seal the map for the next state, with its index."""
-        return (self._m.finish(), self.owned, self.kinds)
+        owned = self.owned
+        for scope, edits in self._ids_edits.items():
+            owned[scope] = edits.finish()
+        self._ids_edits = {}
+        return (self._m.finish(), owned, self.kinds)
+
+
+_NO_IDS: PageMap[Any, None] = PageMap()
 
 
 def build_index(pages: PageMap[PageId, PageRecord]) -> PageIndex:
     """The index of ``pages`` by a scan of every page (only for a map that came without one)."""
-    owned: dict[ScopeId, set[PageId]] = {}
+    owned: dict[ScopeId, dict[PageId, None]] = {}
     kinds: dict[ScopeId, dict[tuple[Version, bool], int]] = {}
     for p, page in pages.items():
-        owned.setdefault(page.owner, set()).add(p)
+        owned.setdefault(page.owner, {})[p] = None
         counts = kinds.setdefault(page.owner, {})
         kind = (page.version, page.held)
         counts[kind] = counts.get(kind, 0) + 1
-    return (pages, owned, kinds)
+    return (pages, {scope: PageMap(ids) for scope, ids in owned.items()}, kinds)
 
 
 class Txn:
@@ -249,7 +266,7 @@ class Txn:
         without scanning the others (see ``PageDict``)."""
         pages = self._pages
         if pages is not None:
-            return pages.owned.get(scope, ())
+            return pages.owned_ids(scope)
         return self._index()[1].get(scope, ())
 
     def page_kinds(self, scope: ScopeId) -> Collection[tuple[Version, bool]]:
