@@ -195,8 +195,9 @@ def table(doc: dict[str, Any]) -> str:
     lines = ["retire_core overhead (no vLLM): events/s and us/event"]
     for c in doc["core"]:
         lines.append(
-            f"  {c['scopes']:>2} scopes x {c['blocks']:>3} blocks, "
-            f"{c['revisions']} revisions each, "
+            f"  {c['scopes']:>2} {'scope ' if c['scopes'] == 1 else 'scopes'} x "
+            f"{c['blocks']:>4} blocks, {c['revisions']} "
+            f"{'revision ' if c['revisions'] == 1 else 'revisions'} each, "
             f"{'batched   ' if c.get('batched') else 'one by one'}: {c['events']:>6} events, "
             f"{c['events_per_s']:,.0f} events/s, "
             f"{c['us_per_event']:.1f} us/event"
