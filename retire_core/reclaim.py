@@ -32,18 +32,33 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
         return
     cancelled = rec.state is _CANCELLED
     epoch = rec.epoch
+    kinds = txn.page_kinds(scope)
     if (
         not cancelled
         and all(r.version >= epoch for r in rec.participants.values())
-        and all(held and v >= epoch for v, held in txn.page_kinds(scope))
+        and all(held and v >= epoch for v, held in kinds)
     ):
         # Nothing of this scope is obsolete (no retired version has a participant or a page)
         # and every page of it is held: the full pass below would unhold, free and forget
         # nothing, in any state. Skip it, and leave the page map unthawed.
         txn.clean[scope] = (rec, pages, changes)
         return
-    mine = sorted(txn.owned_pages(scope))
     drained: dict[int, bool] = {}  # ``rec.drained(v)``, asked once per version
+    if all(held for _, held in kinds):
+        # Every page is held, so the pass could only unhold the pages of, or forget, a retired
+        # version that has drained. While none has (receipts still due: a fence in progress),
+        # it would read every page of the scope and change nothing.
+        retired = {v for v, _ in kinds if cancelled or v < epoch}
+        retired.update(
+            r.version for r in rec.participants.values() if cancelled or r.version < epoch
+        )
+        for v in retired:
+            drained[v] = rec.drained(v)
+            if drained[v]:
+                break
+        else:
+            return
+    mine = sorted(txn.owned_pages(scope))
     freed = []
     # Read through the current view; the page map is thawed only when a page changes.
     for p in mine:
