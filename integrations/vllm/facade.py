@@ -1051,16 +1051,24 @@ class RetireEngine:
                 self.pool.free_blocks([self.pool.blocks[p]])
 
     def _free(self, cmd: Free) -> None:
-        for p in cmd.pages:
-            page = self._pages.pop(p)
-            if page.pins:
+        pages = self._pages
+        for p in cmd.pages:  # checked first: a refusal changes nothing
+            if pages[p].pins:
                 raise IntegrationError(f"the core freed block {p} while the facade pins it")
+        ours = []
+        for p in cmd.pages:
+            page = pages.pop(p)
             req = self._reqs.get(page.rid)
             if req is not None and p in req.pages:
                 req.pages.remove(p)
             if self._ours(p, page.retain_gen):
-                self.pool.evict_blocks({p})  # freed pages are never reused opportunistically
-                self.pool.free_blocks([self.pool.blocks[p]])
+                ours.append(p)
+        if ours:  # one call each for the whole command (a revision frees all of a version)
+            self.pool.evict_blocks(set(ours))  # freed pages are never reused opportunistically
+            # Evicted blocks go to the front of vLLM's free queue one after the other, so the
+            # reversed list puts them there in the order one call per block did.
+            blocks = self.pool.blocks
+            self.pool.free_blocks([blocks[p] for p in reversed(ours)])
         self._forget_closed_requests()
 
     def _forget_closed_requests(self) -> None:
@@ -1185,7 +1193,7 @@ class RetireEngine:
 
     def _check_prompt(self, prompt: Sequence[int], max_tokens: int) -> tuple[int, ...]:
         """Refuse what vLLM would refuse *before* the core hears of it."""
-        tokens = tuple(int(t) for t in prompt)
+        tokens = tuple(map(int, prompt))
         if not tokens:
             raise ValueError("empty prompt")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:

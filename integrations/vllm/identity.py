@@ -25,6 +25,7 @@ most ``k - 1``), so the context of a prompt of ``n`` tokens has ``(n - 1) // B``
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 
 IDENTITY_HEX_CHARS = 32  # 128 bits of sha256 per block key: short log lines, no collisions
@@ -46,11 +47,17 @@ def prefix_identities(
     """The core's context for a prompt: one chained identity per adoptable full block."""
     n = adoptable_blocks(len(tokens), block_size)
     prev = lineage_seed(tenant, scope, numerical_mode, block_size)
+    # each token id as 4 bytes, little-endian, unsigned: one ``struct.pack`` per block (a
+    # revision of a 4,000-token prompt hashes its context on the revision's critical path)
+    pack = struct.Struct(f"<{block_size}I").pack
+    sha256 = hashlib.sha256
     out: list[str] = []
     for i in range(n):
-        h = hashlib.sha256(prev)
-        block = tokens[i * block_size : (i + 1) * block_size]
-        h.update(b"".join(int(t).to_bytes(4, "little", signed=False) for t in block))
+        h = sha256(prev)
+        try:
+            h.update(pack(*tokens[i * block_size : (i + 1) * block_size]))
+        except struct.error as err:
+            raise ValueError(f"token ids must be ints in [0, 2**32): {err}") from None
         prev = h.digest()
         out.append(prev.hex()[:IDENTITY_HEX_CHARS])
     return tuple(out)
