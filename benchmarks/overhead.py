@@ -168,8 +168,70 @@ def core_throughput(quick: bool = False) -> list[dict[str, Any]]:
     return out
 
 
+def revision_cost(blocks: int, reps: int = 3) -> dict[str, Any]:
+    """The core's time for one revision of a scope whose version holds ``blocks`` full,
+    writer-closed pages, half of them a prefix the successor shares: the ``Supersede`` (ALIGN
+    certifies the shared half), the fenced request's two receipts (the last one unholds every
+    page and frees the unshared half) and the adoption report. Milliseconds per phase, best of
+    ``reps`` runs from the same state. Every phase touches each page once (a transition per
+    page certified, unheld, freed or adopted), so these grow with the context."""
+    from retire_core import (
+        AdoptionReport,
+        PageAllocated,
+        PageDigest,
+        ParticipantStarted,
+        PinCertified,
+        Receipt,
+        Retire,
+        Submit,
+        Supersede,
+        WriteAttempted,
+        WriterClosed,
+    )
+
+    core = Retire(logger=quiet_logger())
+    context = tuple(f"b{i}" for i in range(blocks))
+    core.handle(Submit("s", "tenant", "fp", context))
+    for q in ("q/rank0", "q"):
+        core.handle(ParticipantStarted("s", 0, q))
+    for page in range(blocks):
+        core.handle_batch(
+            [
+                PageAllocated("s", 0, "q", page, page),
+                WriteAttempted("s", 0, "q", page, True),
+                WriterClosed(page, f"d{page}"),
+            ]
+        )
+    revised = context[: blocks // 2] + tuple(f"r{i}" for i in range(blocks - blocks // 2))
+    start = core.snapshot()
+    clock = time.perf_counter
+    best: dict[str, float] = {}
+    for _ in range(max(1, reps)):
+        core.restore(start)
+        spent: dict[str, float] = {}
+        t0 = clock()
+        commands = core.handle(Supersede("s", revised))
+        spent["supersede_ms"] = clock() - t0
+        t0 = clock()
+        core.handle(Receipt("s", 0, "q/rank0"))
+        commands += core.handle(Receipt("s", 0, "q"))
+        spent["receipts_ms"] = clock() - t0
+        (cert,) = [c.certificate for c in commands if isinstance(c, PinCertified)]
+        report = AdoptionReport("s", 1, tuple(PageDigest(p, f"d{p}") for p in cert.pages))
+        t0 = clock()
+        core.handle(report)
+        spent["adoption_ms"] = clock() - t0
+        for key, value in spent.items():
+            best[key] = min(best.get(key, value), value)
+    out: dict[str, Any] = {"blocks": blocks, "shared_blocks": blocks // 2}
+    out.update({key: value * 1e3 for key, value in best.items()})
+    out["total_ms"] = sum(best.values()) * 1e3
+    return out
+
+
 def summary(replay_doc: dict[str, Any] | None = None, *, quick: bool = False) -> dict[str, Any]:
     doc: dict[str, Any] = {"core": core_throughput(quick), "target_share_of_step": TARGET_SHARE}
+    doc["revision"] = [revision_cost(n) for n in ((32, 512) if quick else (32, 512, 2048))]
     retire = (replay_doc or {}).get("retire")
     if retire:
         share = retire.get("retire_core_share_of_step")
@@ -201,6 +263,12 @@ def table(doc: dict[str, Any]) -> str:
             f"{'batched   ' if c.get('batched') else 'one by one'}: {c['events']:>6} events, "
             f"{c['events_per_s']:,.0f} events/s, "
             f"{c['us_per_event']:.1f} us/event"
+        )
+    for r in doc.get("revision", []):
+        lines.append(
+            f"  one revision of a scope holding {r['blocks']:>4} blocks ({r['shared_blocks']} "
+            f"shared): supersede {r['supersede_ms']:.2f} ms, receipts {r['receipts_ms']:.2f} "
+            f"ms, adoption {r['adoption_ms']:.2f} ms, in all {r['total_ms']:.2f} ms"
         )
     share = doc.get("retire_share_of_step")
     if share is None:

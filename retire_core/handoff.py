@@ -21,6 +21,8 @@ from retire_core.state import PageRecord, ScopeRecord, ScopeState, evolve
 from retire_core.transitions import Stage
 from retire_core.txn import Txn
 
+_PINNED = (("pinned", True),)
+
 
 def _candidates(
     txn: Txn, scope: ScopeId, rec: ScopeRecord
@@ -100,16 +102,14 @@ def certify_prefix(txn: Txn, scope: ScopeId) -> None:
             p, page.position, page.generation, page.prefix or 0, page.fingerprint, page.digest
         )
         entries.append(entry)
-        txn.record(
+        txn.record_page(
             "certify",
             Stage.ALIGN,
             scope,
             rec.epoch,
-            changed={"pinned": True},
-            page=p,
-            position=page.position,
-            generation=page.generation,
-            digest=page.digest,
+            p,
+            _PINNED,
+            (("position", page.position), ("generation", page.generation), ("digest", page.digest)),
         )
     certificate = Certificate(scope, rec.epoch, tuple(entries))
     txn.scopes[scope] = evolve(rec, certificate=certificate)
@@ -161,14 +161,14 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
         if failure is None:
             txn.pages[entry.page] = evolve(page, version=rec.epoch, held=True, pinned=False)
             adopted.append(entry.page)
-            txn.record(
+            txn.record_page(
                 "adopt",
                 Stage.RESUME,
                 scope,
                 rec.epoch,
-                changed={"version": rec.epoch, "held": True, "pinned": False},
-                page=entry.page,
-                position=entry.position,
+                entry.page,
+                (("version", rec.epoch), ("held", True), ("pinned", False)),
+                (("position", entry.position),),
             )
         elif page.pinned:
             txn.pages[entry.page] = evolve(page, pinned=False)

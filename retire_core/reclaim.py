@@ -18,6 +18,8 @@ from retire_core.transitions import Stage
 from retire_core.txn import PageDict, Txn
 
 _CANCELLED = ScopeState.CANCELLED
+_RECLAIM = Stage.RECLAIM
+_UNHELD = (("held", False),)
 
 
 def reclaim(txn: Txn, scope: ScopeId) -> None:
@@ -69,13 +71,19 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
             if done is None:
                 done = drained[v] = rec.drained(v)
             if done:
-                page = evolve(page, held=False)
-                txn.pages[p] = page
-                txn.record("unhold", Stage.RECLAIM, scope, v, changed={"held": False}, page=p)
+                txn.record_page("unhold", _RECLAIM, scope, v, p, _UNHELD)
+                if page.pinned:
+                    txn.pages[p] = evolve(page, held=False)
+                    continue
+                # unheld and unpinned: freed right away (the unheld copy would never be read)
+                del txn.pages[p]
+                freed.append(p)
+                txn.record_page("free", _RECLAIM, scope, v, p)
+                continue
         if not page.held and not page.pinned:
             del txn.pages[p]
             freed.append(p)
-            txn.record("free", Stage.RECLAIM, scope, page.version, page=p)
+            txn.record_page("free", _RECLAIM, scope, page.version, p)
     if freed:
         txn.emit(Free(tuple(freed)))
     pages = txn.rpages

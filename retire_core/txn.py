@@ -308,6 +308,24 @@ class Txn:
             )
         )
 
+    def record_page(
+        self,
+        action: str,
+        stage: Stage,
+        scope: ScopeId,
+        version: Version,
+        page: PageId,
+        changed: tuple[tuple[str, Any], ...] = (),
+        more: tuple[tuple[str, Any], ...] = (),
+    ) -> None:
+        """``record(action, stage, scope, version, changed=dict(changed), page=page,
+        **dict(more))``, the same transition without building keyword dicts: ALIGN, RESUME and
+        RECLAIM take one or two per page, so a revision of a long context takes thousands."""
+        args = (("page", page), *more)
+        self.transitions.append(
+            _tuple_new(Transition, (action, stage, scope, version, args, changed, None))
+        )
+
     def emit(self, command: Command) -> None:
         self.commands.append(command)
 
