@@ -8,8 +8,10 @@ command the core returns. It reports events per second and microseconds per even
 state (the replay's 3 scopes), a larger one, one with 32,768 live pages (8,192 in the demo's
 quick run) and one scope with a long context of 8,192 blocks (2,048 in the quick run), each with
 the events handed over one by one (``Retire.handle``) and in small batches
-(``Retire.handle_batch``, as the vLLM facade does per hook). The share of engine step time comes
-from the replay itself (``retire_core_share_of_step`` in the replay JSON: time inside
+(``Retire.handle_batch``, as the vLLM facade does per hook). :func:`revision_cost` times the core
+alone through one revision of a scope holding 32, 512 or 2,048 pages (32 and 512 in the quick
+run): the supersede, the fenced request's receipts and the adoption. The share of engine step
+time comes from the replay itself (``retire_core_share_of_step`` in the replay JSON: time inside
 ``Retire.handle`` and ``Retire.handle_batch`` during ``step()`` over total ``step()`` time; the
 facade's own glue is not counted there, ``integration_share_of_step`` counts it).
 ``python -m retire_bench.overhead`` prints the table.

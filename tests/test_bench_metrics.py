@@ -220,6 +220,11 @@ def test_core_overhead_driver_adopts_and_measures() -> None:
     small = doc["core"][0]
     assert small["events"] > 1000 and small["events_per_s"] > 0
     assert "events/s" in overhead.table(doc)
+    assert [r["blocks"] for r in doc["revision"]] == [32, 512]
+    assert all(
+        r["total_ms"] > 0 and r["shared_blocks"] == r["blocks"] // 2 for r in doc["revision"]
+    )
+    assert "one revision of a scope holding  512 blocks" in overhead.table(doc)
 
 
 def test_core_timer_counts_vllm_request_api_inside_steps_apart() -> None:
