@@ -27,6 +27,23 @@ from pathlib import Path
 from typing import Any, Final
 
 from retire_bench.systems import quiet_logger
+from retire_core import (
+    Admit,
+    AdoptionReport,
+    Fence,
+    FrameArrived,
+    FrameKind,
+    PageAllocated,
+    PageDigest,
+    ParticipantStarted,
+    PinCertified,
+    Receipt,
+    Retire,
+    Submit,
+    Supersede,
+    WriteAttempted,
+    WriterClosed,
+)
 
 TARGET_SHARE: Final[float] = 0.01
 
@@ -38,24 +55,6 @@ def _drive(
     the core the same events, but each block's allocate / write / close and each token round's
     commit and token frames as one ``handle_batch`` (as the vLLM facade batches a step's
     events per hook) instead of one ``handle`` each."""
-    from retire_core import (
-        Admit,
-        AdoptionReport,
-        Fence,
-        FrameArrived,
-        FrameKind,
-        PageAllocated,
-        PageDigest,
-        ParticipantStarted,
-        PinCertified,
-        Receipt,
-        Retire,
-        Submit,
-        Supersede,
-        WriteAttempted,
-        WriterClosed,
-    )
-
     core = Retire(logger=quiet_logger())
     clock = time.perf_counter
     pages = itertools.count(1)
@@ -177,20 +176,6 @@ def revision_cost(blocks: int, reps: int = 3) -> dict[str, Any]:
     page and frees the unshared half) and the adoption report. Milliseconds per phase, best of
     ``reps`` runs from the same state. Every phase touches each page once (a transition per
     page certified, unheld, freed or adopted), so these grow with the context."""
-    from retire_core import (
-        AdoptionReport,
-        PageAllocated,
-        PageDigest,
-        ParticipantStarted,
-        PinCertified,
-        Receipt,
-        Retire,
-        Submit,
-        Supersede,
-        WriteAttempted,
-        WriterClosed,
-    )
-
     core = Retire(logger=quiet_logger())
     context = tuple(f"b{i}" for i in range(blocks))
     core.handle(Submit("s", "tenant", "fp", context))

@@ -36,18 +36,22 @@ def _one_call_per_block(freed: list[int]) -> list[int]:
     return _free_queue(pool)
 
 
-def _through_the_facade(freed: list[int]) -> tuple[list[int], dict[int, Any]]:
-    pool, ids = _pool_with_cached_blocks()
-    pages = {p: _Page(p, "s", 0, "r", i, "salt", 0) for i, p in enumerate(ids)}
-    stub = SimpleNamespace(
+def _facade(pool: Any, ids: list[int]) -> Any:
+    """What ``RetireEngine._free`` reads of a facade: the pool, a retained page per block id."""
+    return SimpleNamespace(
         pool=pool,
-        _pages=pages,
+        _pages={p: _Page(p, "s", 0, "r", i, "salt", 0) for i, p in enumerate(ids)},
         _reqs={},
         _ours=lambda page, gen: True,
         _forget_closed_requests=lambda: None,
     )
-    RetireEngine._free(stub, rc.Free(tuple(freed)))  # type: ignore[arg-type]
-    return _free_queue(pool), pages
+
+
+def _through_the_facade(freed: list[int]) -> tuple[list[int], dict[int, Any]]:
+    pool, ids = _pool_with_cached_blocks()
+    facade = _facade(pool, ids)
+    RetireEngine._free(facade, rc.Free(tuple(freed)))
+    return _free_queue(pool), facade._pages
 
 
 def test_free_returns_blocks_in_the_order_of_one_call_per_block() -> None:
@@ -63,16 +67,9 @@ def test_free_of_a_pinned_block_is_refused_and_changes_nothing() -> None:
     from retire_vllm.facade import IntegrationError
 
     pool, ids = _pool_with_cached_blocks()
-    pages = {p: _Page(p, "s", 0, "r", i, "salt", 0) for i, p in enumerate(ids)}
-    pages[ids[2]].pins.append(0)
+    facade = _facade(pool, ids)
+    facade._pages[ids[2]].pins.append(0)
     before = _free_queue(pool)
-    stub = SimpleNamespace(
-        pool=pool,
-        _pages=pages,
-        _reqs={},
-        _ours=lambda page, gen: True,
-        _forget_closed_requests=lambda: None,
-    )
     with pytest.raises(IntegrationError, match="while the facade pins it"):
-        RetireEngine._free(stub, rc.Free((ids[0], ids[2])))  # type: ignore[arg-type]
-    assert sorted(pages) == sorted(ids) and _free_queue(pool) == before
+        RetireEngine._free(facade, rc.Free((ids[0], ids[2])))
+    assert sorted(facade._pages) == sorted(ids) and _free_queue(pool) == before
