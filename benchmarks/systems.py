@@ -127,14 +127,23 @@ class CoreTimer:
     With ``record=True`` it also keeps every core call that returned (its events, whether it
     ran inside a step, the commands it returned), so that :meth:`warm_replay` can run the same
     calls again, back to back on a fresh core, after the run: what the core's in-step calls cost
-    when the model's kernels have not evicted the CPU caches in between.
+    when the model's kernels have not evicted the CPU caches in between. A run longer than
+    ``record_limit`` calls stops recording (``calls`` becomes None: no warm figure) rather than
+    hold every event of a long trace in memory.
     """
+
+    RECORD_LIMIT = 200_000  # calls (the shipped trace's replay makes about 1,700 per run)
 
     HOOKS = ("withheld", "after_schedule", "before_commit")
     ENGINE_API = ("add_request", "abort_request")
 
     def __init__(
-        self, system: Any, clock: Callable[[], float] = time.perf_counter, *, record: bool = False
+        self,
+        system: Any,
+        clock: Callable[[], float] = time.perf_counter,
+        *,
+        record: bool = False,
+        record_limit: int = RECORD_LIMIT,
     ) -> None:
         self.total_s = 0.0
         self.events = 0
@@ -151,6 +160,7 @@ class CoreTimer:
         # core's state before the first (see warm_replay)
         self.calls: list[tuple[bool, tuple[Any, ...], bool, list[Any]]] | None = None
         self._initial: Any = None
+        self._record_limit = record_limit
         if self.active:
             if record:
                 self.calls = []
@@ -176,7 +186,6 @@ class CoreTimer:
         """Wrap ``Retire.handle`` / ``handle_batch`` on the instance (the facade's calls go
         through the instance attribute): time inside the core, and the events it handled."""
         clock = self._clock
-        calls = self.calls
 
         def timed(arg: Any) -> Any:
             t0 = clock()
@@ -188,8 +197,13 @@ class CoreTimer:
                 self.events += count(arg)
                 if self._in_step:
                     self.in_step_s += dt
+            calls = self.calls
             if calls is not None:  # a call that raised changed nothing: nothing to replay
-                calls.append((batch, tuple(arg) if batch else (arg,), self._in_step, list(result)))
+                if len(calls) >= self._record_limit:
+                    self.calls = None  # too long a run to keep: no warm figure
+                else:
+                    entry = (batch, tuple(arg) if batch else (arg,), self._in_step, list(result))
+                    calls.append(entry)
             return result
 
         return timed
@@ -202,7 +216,9 @@ class CoreTimer:
         differ from the recorded ones raises ``RuntimeError`` (the figure would not be the
         same work)."""
         if self.calls is None:
-            raise ValueError("CoreTimer(record=True) keeps the calls to replay")
+            raise ValueError(
+                "no calls to replay: CoreTimer(record=True) keeps them, up to record_limit"
+            )
         from retire_core import Retire
 
         clock = self._clock

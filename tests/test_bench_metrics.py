@@ -344,3 +344,24 @@ def test_core_timer_without_recording_has_no_replay() -> None:
     assert timer.calls is None
     with pytest.raises(ValueError, match="record=True"):
         timer.warm_replay()
+
+
+def test_core_timer_stops_recording_a_run_longer_than_its_limit() -> None:
+    """A long trace must not keep every core call in memory: past ``record_limit`` calls the
+    recording is dropped (no warm figure) and the timing goes on."""
+    import retire_core as rc
+    from retire_bench.systems import CoreTimer, quiet_logger
+
+    class System:
+        def __init__(self) -> None:
+            self.retire = rc.Retire(logger=quiet_logger())
+
+    system = System()
+    timer = CoreTimer(system, record=True, record_limit=2)
+    system.retire.handle(rc.Submit("s", "t", "fp", ("a",)))
+    system.retire.handle(rc.ParticipantStarted("s", 0, "q"))
+    assert timer.calls is not None and len(timer.calls) == 2
+    system.retire.handle(rc.FrameArrived("s", 0, 1, rc.FrameKind.TOKEN))
+    assert timer.calls is None and timer.events == 3
+    with pytest.raises(ValueError, match="record_limit"):
+        timer.warm_replay()
