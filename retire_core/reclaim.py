@@ -10,6 +10,8 @@ writer closure or adoption makes progress possible, and never frees a pinned or 
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from retire_core.commands import Free
 from retire_core.frozen import FrozenMap
 from retire_core.ids import ScopeId
@@ -46,20 +48,8 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
         txn.clean[scope] = (rec, pages, changes)
         return
     drained: dict[int, bool] = {}  # ``rec.drained(v)``, asked once per version
-    if all(held for _, held in kinds):
-        # Every page is held, so the pass could only unhold the pages of, or forget, a retired
-        # version that has drained. While none has (receipts still due: a fence in progress),
-        # it would read every page of the scope and change nothing.
-        retired = {v for v, _ in kinds if cancelled or v < epoch}
-        retired.update(
-            r.version for r in rec.participants.values() if cancelled or r.version < epoch
-        )
-        for v in retired:
-            drained[v] = rec.drained(v)
-            if drained[v]:
-                break
-        else:
-            return
+    if _nothing_drained(rec, kinds, drained):
+        return
     mine = sorted(txn.owned_pages(scope))
     freed = []
     # Read through the current view; the page map is thawed only when a page changes.
@@ -89,6 +79,25 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
     pages = txn.rpages
     live = {pages[p].version for p in mine if p in pages}
     _forget_drained_versions(txn, scope, rec, live, drained)
+
+
+def _nothing_drained(
+    rec: ScopeRecord, kinds: Collection[tuple[int, bool]], drained: dict[int, bool]
+) -> bool:
+    """Would RECLAIM's full pass find nothing to do, without reading a page? True when every
+    page is held (nothing to free) and no retired version has drained (nothing to unhold or
+    forget): a fence in progress, its receipts still due. ``drained`` gets what it learns."""
+    if not all(held for _, held in kinds):
+        return False
+    cancelled = rec.state is _CANCELLED
+    epoch = rec.epoch
+    retired = {v for v, _ in kinds if cancelled or v < epoch}
+    retired.update(r.version for r in rec.participants.values() if cancelled or r.version < epoch)
+    for v in retired:
+        drained[v] = rec.drained(v)
+        if drained[v]:
+            return False
+    return True
 
 
 def _forget_drained_versions(

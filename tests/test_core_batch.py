@@ -619,3 +619,53 @@ def test_record_page_builds_the_transition_record_builds() -> None:
     slow.record("free", Stage.RECLAIM, "s", 1, page=9)
     assert fast.transitions == slow.transitions
     assert [t.as_log() for t in fast.transitions] == [t.as_log() for t in slow.transitions]
+
+
+def _fenced_scope(blocks: int) -> rc.Retire:
+    """A scope whose version 0 holds ``blocks`` closed pages and was just superseded with
+    nothing shared: its two participants owe their receipts."""
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "fp", tuple(f"k{i}" for i in range(blocks))))
+    for q in ("q/rank0", "q"):
+        core.handle(rc.ParticipantStarted("s", 0, q))
+    for p in range(blocks):
+        core.handle_batch(
+            [
+                rc.PageAllocated("s", 0, "q", p, p),
+                rc.WriteAttempted("s", 0, "q", p, True),
+                rc.WriterClosed(p, f"d{p}"),
+            ]
+        )
+    core.handle(rc.Supersede("s", tuple(f"n{i}" for i in range(blocks))))
+    return core
+
+
+def test_a_receipt_before_the_last_reads_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a fence is in progress (receipts still due, every page held), RECLAIM has nothing
+    to release, and must see that without reading the scope's pages: a long context would
+    pay a pass over all of them per receipt. The last receipt does read them, and frees them."""
+    from retire_core.txn import Txn
+
+    core = _fenced_scope(16)
+    reads: list[str] = []
+    real = Txn.owned_pages
+
+    def counting(self: Txn, scope: str) -> Any:
+        reads.append(scope)
+        return real(self, scope)
+
+    monkeypatch.setattr(Txn, "owned_pages", counting)
+    assert core.handle(rc.Receipt("s", 0, "q/rank0")) == []
+    assert reads == []
+    (free,) = core.handle(rc.Receipt("s", 0, "q"))
+    assert isinstance(free, rc.Free) and sorted(free.pages) == list(range(16))
+    assert reads == ["s"]
+
+
+def test_reading_pages_during_a_fence_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: RECLAIM without its early exit (it always scans); the test above must fail."""
+    from retire_core import reclaim as reclaim_module
+
+    monkeypatch.setattr(reclaim_module, "_nothing_drained", lambda *_: False)
+    with pytest.raises(AssertionError):
+        test_a_receipt_before_the_last_reads_no_page(monkeypatch)
