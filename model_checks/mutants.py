@@ -27,6 +27,7 @@ import attrs
 import retire_core as rc
 from retire_checks.explorer import QUICK, Config, Counterexample, explore, explore_spec
 from retire_core import gates, handoff, machine, reclaim
+from retire_core.state import evolve as evolve_record
 from retire_spec import actions as A
 from retire_spec.expr import Interp, Val
 from retire_spec.schema import ACTIVE, IN_FLIGHT, Bounds, SpecState
@@ -121,7 +122,7 @@ def _candidates_open_writers(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
             and page.position < len(rec.context)
             and page.prefix == rec.context[page.position]
         ):
-            fake = attrs.evolve(page, writer_open=False, full=True, digest=page.digest or "0")
+            fake = evolve_record(page, writer_open=False, full=True, digest=page.digest or "0")
             by_position.setdefault(page.position, []).append((p, fake))
     return by_position
 
@@ -189,7 +190,7 @@ def _reclaim_unpinning_drained(txn: Any, scope: str) -> None:
     rec = txn.scopes[scope]
     for p, page in list(txn.pages.items()):
         if page.owner == scope and page.pinned and rec.drained(page.version):
-            txn.pages[p] = attrs.evolve(page, pinned=False)  # the pin goes before adoption
+            txn.pages[p] = evolve_record(page, pinned=False)  # the pin goes before adoption
     _reclaim(txn, scope)
 
 
@@ -198,7 +199,7 @@ def _reclaim_ignoring_references(txn: Any, scope: str) -> None:
     for p, page in list(txn.pages.items()):
         obsolete = rec.state is rc.ScopeState.CANCELLED or page.version < rec.epoch
         if page.owner == scope and obsolete and page.held:
-            txn.pages[p] = attrs.evolve(page, held=False)  # frees under running readers
+            txn.pages[p] = evolve_record(page, held=False)  # frees under running readers
     _reclaim(txn, scope)
 
 

@@ -1,17 +1,17 @@
 """The core's state: scopes, participants, pages and the ledger of retired versions.
 
-All of it is immutable (frozen attrs records inside ``FrozenMap``s and ``PageMap``s), so a whole
-``CoreState`` can be snapshotted by keeping a reference, restored by handing it back, and hashed
-canonically in constant time after the first hash. ``ScopeState`` is the enum the transition
-table is keyed on. The rules that change this state live in ``machine``, ``gates``, ``handoff``
-and ``reclaim``.
+All of it is immutable (frozen attrs records and ``PageRecord`` named tuples inside
+``FrozenMap``s and ``PageMap``s), so a whole ``CoreState`` can be snapshotted by keeping a
+reference, restored by handing it back, and hashed canonically in constant time after the first
+hash. ``ScopeState`` is the enum the transition table is keyed on. The rules that change this
+state live in ``machine``, ``gates``, ``handoff`` and ``reclaim``.
 """
 
 from __future__ import annotations
 
 import enum
 import operator
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import attrs
 
@@ -69,8 +69,11 @@ class ScopeRecord:
         return version == self.epoch and self.state in (ScopeState.ACTIVE, ScopeState.PAUSED)
 
 
-@attrs.frozen(slots=True, cache_hash=True)
-class PageRecord:
+class PageRecord(NamedTuple):
+    """One KV page the core tracks. A named tuple, not a frozen attrs record: a revision of a
+    long context builds one per page certified, unheld or adopted (thousands), and a tuple is
+    several times cheaper to build (see ``evolve``)."""
+
     owner: ScopeId
     version: Version
     participant: ParticipantId
@@ -108,19 +111,28 @@ class CoreState:
 
 
 _R = TypeVar("_R", ScopeRecord, PageRecord, ParticipantRecord)
-# Per record class: a getter of every field in order, and each field's position.
+# Per attrs record class: a getter of every field in order, and each field's position.
 _LAYOUT: dict[type, tuple[Any, dict[str, int]]] = {
     cls: (
         operator.attrgetter(*(a.name for a in attrs.fields(cls))),
         {a.name: i for i, a in enumerate(attrs.fields(cls))},
     )
-    for cls in (ScopeRecord, PageRecord, ParticipantRecord)
+    for cls in (ScopeRecord, ParticipantRecord)
 }
+_PAGE_FIELD = {name: i for i, name in enumerate(PageRecord._fields)}
+_tuple_new = tuple.__new__
 
 
 def evolve(record: _R, **changes: Any) -> _R:
-    """``attrs.evolve`` for the core's state records (every field an ``__init__`` argument, no
-    validators), several times cheaper: the core evolves a record on most steps."""
+    """``attrs.evolve`` (``_replace`` for a ``PageRecord``) for the core's state records (every
+    field an ``__init__`` argument, no validators), several times cheaper: the core evolves a
+    record on most steps, and one per page in a revision."""
+    values: list[Any]
+    if isinstance(record, PageRecord):
+        values = list(record)
+        for name, value in changes.items():
+            values[_PAGE_FIELD[name]] = value
+        return _tuple_new(PageRecord, values)
     cls = type(record)
     getter, index = _LAYOUT[cls]
     values = list(getter(record))

@@ -134,7 +134,7 @@ def _leaky_reclaim(txn: Any, scope: str) -> None:
     reclaim._orig(txn, scope)  # type: ignore[attr-defined]
     for p, page in before.items():
         if p not in txn.pages:
-            txn.pages[p] = attrs.evolve(page, held=False)
+            txn.pages[p] = page._replace(held=False)
     txn.commands[:] = [c for c in txn.commands if not isinstance(c, rc.Free)]
     txn.transitions[:] = [t for t in txn.transitions if t.action != "free"]
 

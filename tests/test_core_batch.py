@@ -14,6 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import pytest
 import structlog
 from structlog.testing import capture_logs
@@ -321,7 +322,7 @@ def reference_reclaim(txn: Any, scope: str) -> None:
         page = txn.pages[p]
         obsolete = cancelled or page.version < rec.epoch
         if page.held and obsolete and not page.writer_open and rec.drained(page.version):
-            page = attrs.evolve(page, held=False)
+            page = page._replace(held=False)
             txn.pages[p] = page
             txn.record(
                 "unhold", rc.Stage.RECLAIM, scope, page.version, changed={"held": False}, page=p
@@ -669,3 +670,27 @@ def test_reading_pages_during_a_fence_is_caught(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(reclaim_module, "_nothing_drained", lambda *_: False)
     with pytest.raises(AssertionError):
         test_a_receipt_before_the_last_reads_no_page(monkeypatch)
+
+
+def test_evolve_equals_attrs_evolve_and_replace() -> None:
+    """The core's ``evolve`` (the fast path every step and every page of a revision takes) makes
+    exactly the record ``attrs.evolve`` (``_replace`` for the ``PageRecord`` named tuple) makes,
+    of the same class, leaving the original alone; an unknown field is refused."""
+    from retire_core.state import PageRecord, ParticipantRecord, evolve
+
+    page = PageRecord("s", 0, "q", 1, 2, "b2", "fp")
+    changed = evolve(page, held=False, pinned=True, digest="d")
+    assert type(changed) is PageRecord
+    assert changed == page._replace(held=False, pinned=True, digest="d")
+    assert (page.held, page.pinned, page.digest) == (True, False, None)
+    part = ParticipantRecord(3)
+    assert evolve(part, closed=True) == attrs.evolve(part, closed=True)
+    rec = rc.Retire(logger=ListLogger())
+    rec.handle(rc.Submit("s", "t", "f", (1,)))
+    scope = rec.scope("s")
+    moved = evolve(scope, state=rc.ScopeState.PAUSED, admitted=False)
+    assert type(moved) is type(scope)
+    assert moved == attrs.evolve(scope, state=rc.ScopeState.PAUSED, admitted=False)
+    for record in (page, part, scope):
+        with pytest.raises(KeyError):
+            evolve(record, no_such_field=1)
