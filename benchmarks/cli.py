@@ -60,6 +60,12 @@ def _configure_replay(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", nargs="?", default=None, help="trace file (default: the shipped one)")
     p.add_argument("--system", choices=("native", "retire", "both"), default="both")
     p.add_argument("--json", type=Path, default=None, help="write the results JSON here")
+    p.add_argument(
+        "--save-core-calls",
+        type=Path,
+        default=None,
+        help="write the last Retire run's core calls here (for python -m retire_bench.interleave)",
+    )
     _common(p)
 
 
@@ -110,6 +116,7 @@ def _config(args: argparse.Namespace) -> Any:
         reps=args.reps,
         engine_overrides=overrides,
         model_path=_model(args),
+        core_calls_path=getattr(args, "save_core_calls", None),
     )
 
 

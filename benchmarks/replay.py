@@ -124,6 +124,8 @@ class ReplayConfig:
     engine_overrides: dict[str, Any] = attrs.field(factory=dict)
     model_path: str | None = None
     idle_sleep_s: float = 0.002
+    #: write each Retire run's recorded core calls here (the last run's stay): see interleave.py
+    core_calls_path: str | os.PathLike[str] | None = None
 
     def limit_for(self, trace: Trace) -> float:
         if self.cleanup_limit_s is not None:
@@ -395,6 +397,8 @@ def run_once(
         with contextlib.suppress(Exception):
             shutdown()
     core_warm = timer.warm_replay() if timer.calls is not None else None
+    if config.core_calls_path is not None and timer.calls is not None and timer.active:
+        timer.save_calls(config.core_calls_path)
     record = M.RunRecord(
         system_name,
         start,

@@ -15,8 +15,10 @@ inside the core.
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 SYSTEMS: Final[tuple[str, ...]] = ("native", "native_stop_reading", "retire")
@@ -107,6 +109,55 @@ def make_system(
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
 
 
+# One recorded core call: batch?, its events, the harness step it ran in (0: outside steps),
+# the commands it returned.
+CoreCall = tuple[bool, tuple[Any, ...], int, list[Any]]
+CALLS_FORMAT: Final[int] = 1
+
+
+def replay_core_calls(
+    initial: Any,
+    calls: Sequence[CoreCall],
+    clock: Callable[[], float] = time.perf_counter,
+    between: Callable[[int], None] | None = None,
+) -> float:
+    """Run recorded core calls again, in order, on a fresh core started from ``initial`` (with a
+    logger that drops INFO, as ``quiet_logger``); return the seconds spent in the in-step ones.
+    Every call is replayed (those outside steps too, untimed) so each starts from the state it
+    had in the run. A call whose commands differ from the recorded ones raises ``RuntimeError``
+    (the figure would not be the same work). ``between(step)``, if given, runs once per step
+    right after that step's first call (where the model's forward pass runs in a real step),
+    untimed."""
+    from retire_core import Retire
+
+    core = Retire(logger=quiet_logger(), state=initial)
+    handle, handle_batch = core.handle, core.handle_batch
+    total = 0.0
+    last_step = 0
+    for i, (batch, events, step, commands) in enumerate(calls):
+        t0 = clock()
+        got = handle_batch(events) if batch else handle(events[0])
+        dt = clock() - t0
+        if step:
+            total += dt
+        if got != commands:
+            raise RuntimeError(f"warm replay diverged at core call {i}: {got!r} != {commands!r}")
+        if between is not None and step and step != last_step:
+            between(step)
+        last_step = step
+    return total
+
+
+def load_core_calls(path: str | os.PathLike[str]) -> tuple[Any, list[CoreCall]]:
+    """The initial core state and the calls ``CoreTimer.save_calls`` wrote (a file this project
+    wrote itself: it is a pickle)."""
+    with open(path, "rb") as f:
+        doc = pickle.load(f)
+    if not isinstance(doc, dict) or doc.get("format") != CALLS_FORMAT:
+        raise ValueError(f"{path}: not a core-calls file of format {CALLS_FORMAT}")
+    return doc["initial"], list(doc["calls"])
+
+
 class CoreTimer:
     """Where a system's step time goes, measured by wrapping methods on the instances.
 
@@ -124,12 +175,14 @@ class CoreTimer:
     So the integration's work during a step is ``step - engine - engine_api + hooks`` (core
     included).
 
-    With ``record=True`` it also keeps every core call that returned (its events, whether it
-    ran inside a step, the commands it returned), so that :meth:`warm_replay` can run the same
-    calls again, back to back on a fresh core, after the run: what the core's in-step calls cost
-    when the model's kernels have not evicted the CPU caches in between. A run longer than
-    ``record_limit`` calls stops recording (``calls`` becomes None: no warm figure) rather than
-    hold every event of a long trace in memory.
+    With ``record=True`` it also keeps every core call that returned (its events, the number of
+    the harness step it ran in -- 0 outside steps, 1 for the first -- and the commands it
+    returned), so that :meth:`warm_replay` can run the same calls again, back to back on a fresh
+    core, after the run: what the core's in-step calls cost when the model's kernels have not
+    evicted the CPU caches in between. :meth:`save_calls` writes them for
+    ``retire_bench.interleave``. A run longer than ``record_limit`` calls stops recording
+    (``calls`` becomes None: no warm figure) rather than hold every event of a long trace in
+    memory.
     """
 
     RECORD_LIMIT = 200_000  # calls (the shipped trace's replay makes about 1,700 per run)
@@ -152,13 +205,15 @@ class CoreTimer:
         self.hooks_s = 0.0
         self.engine_api_s = 0.0
         self._in_step = False
+        self._step = 0  # the harness step in progress (numbered from 1), 0 between steps
+        self.steps = 0
         self._in_engine = False
         self._clock = clock
         core: Any = getattr(system, "retire", None)
         self.active = core is not None and hasattr(core, "handle")
-        # (batch?, events, in a step?, commands) of each call that returned, in order, and the
-        # core's state before the first (see warm_replay)
-        self.calls: list[tuple[bool, tuple[Any, ...], bool, list[Any]]] | None = None
+        # (batch?, events, step number or 0, commands) of each call that returned, in order,
+        # and the core's state before the first (see warm_replay)
+        self.calls: list[CoreCall] | None = None
         self._initial: Any = None
         self._record_limit = record_limit
         if self.active:
@@ -202,7 +257,7 @@ class CoreTimer:
                 if len(calls) >= self._record_limit:
                     self.calls = None  # too long a run to keep: no warm figure
                 else:
-                    entry = (batch, tuple(arg) if batch else (arg,), self._in_step, list(result))
+                    entry = (batch, tuple(arg) if batch else (arg,), self._step, list(result))
                     calls.append(entry)
             return result
 
@@ -210,36 +265,25 @@ class CoreTimer:
 
     def warm_replay(self, reps: int = 3) -> float:
         """Seconds the recorded in-step core calls take when replayed back to back on a fresh
-        core built like the system's (same initial state, a logger that drops INFO as
-        ``quiet_logger``), best of ``reps`` passes. Every call is replayed (those outside steps
-        too, untimed) so each starts from the state it had in the run; a call whose commands
-        differ from the recorded ones raises ``RuntimeError`` (the figure would not be the
-        same work)."""
+        core built like the system's (``replay_core_calls``), best of ``reps`` passes."""
         if self.calls is None:
             raise ValueError(
                 "no calls to replay: CoreTimer(record=True) keeps them, up to record_limit"
             )
-        from retire_core import Retire
+        passes = [
+            replay_core_calls(self._initial, self.calls, self._clock) for _ in range(max(1, reps))
+        ]
+        return min(passes)
 
-        clock = self._clock
-        best: float | None = None
-        for _ in range(max(1, reps)):
-            core = Retire(logger=quiet_logger(), state=self._initial)
-            handle, handle_batch = core.handle, core.handle_batch
-            total = 0.0
-            for i, (batch, events, in_step, commands) in enumerate(self.calls):
-                t0 = clock()
-                got = handle_batch(events) if batch else handle(events[0])
-                dt = clock() - t0
-                if in_step:
-                    total += dt
-                if got != commands:
-                    raise RuntimeError(
-                        f"warm replay diverged at core call {i}: {got!r} != {commands!r}"
-                    )
-            best = total if best is None else min(best, total)
-        assert best is not None
-        return best
+    def save_calls(self, path: str | os.PathLike[str]) -> None:
+        """Write the recorded calls and the core's initial state (``load_core_calls`` reads
+        them back), for ``retire_bench.interleave``."""
+        if self.calls is None:
+            raise ValueError(
+                "no calls to save: CoreTimer(record=True) keeps them, up to record_limit"
+            )
+        with open(path, "wb") as f:
+            pickle.dump({"format": CALLS_FORMAT, "initial": self._initial, "calls": self.calls}, f)
 
     def _timed(self, fn: Callable[..., Any], field: str) -> Callable[..., Any]:
         clock = self._clock
@@ -283,3 +327,8 @@ class CoreTimer:
 
     def stepping(self, flag: bool) -> None:
         self._in_step = flag
+        if flag:
+            self.steps += 1
+            self._step = self.steps
+        else:
+            self._step = 0

@@ -66,8 +66,9 @@ def check_encoder_covers_core() -> None:
     for cls, names in CORE_FIELDS.items():
         # the fields that make up a record's value (a derived field, like ``CoreState``'s page
         # index, takes no part in equality and needs no encoding)
-        if issubclass(cls, tuple):  # a named tuple (``PageRecord``): every field is its value
-            actual = tuple(cls._fields)  # type: ignore[attr-defined]
+        named = getattr(cls, "_fields", None)  # a named tuple (``PageRecord``): all its value
+        if named is not None:
+            actual = tuple(named)
         else:
             actual = tuple(f.name for f in attrs.fields(cls) if f.eq)
         if actual != names:

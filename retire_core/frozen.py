@@ -71,6 +71,11 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     def __repr__(self) -> str:
         return f"FrozenMap({self._d!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its items alone: the cached hash is only valid in the process that
+        # computed it (string hashes are salted per process).
+        return (FrozenMap, (self._d,))
+
     def set(self, key: K, value: V) -> FrozenMap[K, V]:
         d = dict(self._d)
         d[key] = value

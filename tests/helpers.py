@@ -1,9 +1,12 @@
-"""Shared builders for the core tests: a small world and scripted paths into each scope state."""
+"""Shared builders for the tests: a small world and scripted paths into each scope state (core),
+and a short run recorded through ``CoreTimer`` (benchmarks)."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
+
+import pytest
 
 from retire_checks.abstraction import Universe
 from retire_checks.lockstep import Lockstep
@@ -62,3 +65,39 @@ def arbitrary_spec_state(rng: random.Random, b: Bounds, ints: range) -> SpecStat
         else:
             cells.append(tuple(rng.choice(ints) for _ in range(n)))
     return SpecState(tuple(cells))
+
+
+def recorded_core_run() -> Any:
+    """A fake system holding a real core, driven through ``CoreTimer(record=True)``: a scope
+    submitted and started outside steps, then pages and frames handled inside steps, one by one
+    and in batches, with a fake clock that advances 1 per read (so 1 per timed call). Returns
+    the ``retire_bench.systems.CoreTimer``."""
+    import retire_core as rc
+    from retire_bench.systems import CoreTimer, quiet_logger
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0  # a timed call reads it twice: 1 per call
+        return now[0]
+
+    class System:
+        def __init__(self) -> None:
+            self.retire = rc.Retire(logger=quiet_logger())
+
+    system = System()
+    timer = CoreTimer(system, clock, record=True)
+    core = system.retire
+    core.handle(rc.Submit("s", "t", "fp", ("a", "b")))
+    core.handle(rc.ParticipantStarted("s", 0, "q"))
+    timer.stepping(True)
+    core.handle_batch(
+        [rc.PageAllocated("s", 0, "q", 1, 0), rc.WriteAttempted("s", 0, "q", 1, True)]
+    )
+    core.handle(rc.WriterClosed(1, "d1"))
+    core.handle_batch([rc.FrameArrived("s", 0, 7, rc.FrameKind.COMMIT)])
+    with pytest.raises(rc.RetireError):  # a refused call changes nothing and is not replayed
+        core.handle(rc.FrameArrived("s", 5, 8, rc.FrameKind.TOKEN))
+    timer.stepping(False)
+    core.handle(rc.Cancel("s"))
+    return timer

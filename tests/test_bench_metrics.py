@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,9 +13,10 @@ from retire_bench.reference import Admission, admit
 from retire_bench.replay import SYSTEM_KEYS, TOP_KEYS, ReplayConfig, RunResult, results_json, table
 from retire_bench.traces import DEFAULT_TRACE_PATH, load_trace
 from retire_vllm.api import Delivery
+from tests.helpers import recorded_core_run
 
 if TYPE_CHECKING:
-    from retire_bench.systems import CoreTimer
+    from pathlib import Path
 
 
 def d(scope: str, version: int, n: int, finished: bool = False, first: int = 1) -> Delivery:
@@ -231,6 +233,7 @@ def test_core_timer_counts_vllm_request_api_inside_steps_apart() -> None:
     """vLLM's add/abort work that a harness step calls outside ``LLMEngine.step`` is counted
     as ``engine_api_s`` (engine work, not integration glue); inside ``LLMEngine.step`` it is
     already engine time, and outside steps it is not step time at all."""
+
     from retire_bench.systems import CoreTimer
 
     now = [0.0]
@@ -265,53 +268,18 @@ def test_core_timer_counts_vllm_request_api_inside_steps_apart() -> None:
     assert timer.engine_api_s == 0.1875
 
 
-def _recorded_core_run() -> CoreTimer:
-    """A fake system holding a real core, driven through ``CoreTimer(record=True)``: a scope
-    submitted and started outside steps, then pages and frames handled inside steps, one by one
-    and in batches, with a fake clock that advances 1 per read (so 1 per timed call)."""
-    import retire_core as rc
-    from retire_bench.systems import CoreTimer, quiet_logger
-
-    now = [0.0]
-
-    def clock() -> float:
-        now[0] += 1.0  # a timed call reads it twice: 1 per call
-        return now[0]
-
-    class System:
-        def __init__(self) -> None:
-            self.retire = rc.Retire(logger=quiet_logger())
-
-    system = System()
-    timer = CoreTimer(system, clock, record=True)
-    core = system.retire
-    core.handle(rc.Submit("s", "t", "fp", ("a", "b")))
-    core.handle(rc.ParticipantStarted("s", 0, "q"))
-    timer.stepping(True)
-    core.handle_batch(
-        [rc.PageAllocated("s", 0, "q", 1, 0), rc.WriteAttempted("s", 0, "q", 1, True)]
-    )
-    core.handle(rc.WriterClosed(1, "d1"))
-    core.handle_batch([rc.FrameArrived("s", 0, 7, rc.FrameKind.COMMIT)])
-    with pytest.raises(rc.RetireError):  # a refused call changes nothing and is not replayed
-        core.handle(rc.FrameArrived("s", 5, 8, rc.FrameKind.TOKEN))
-    timer.stepping(False)
-    core.handle(rc.Cancel("s"))
-    return timer
-
-
 def test_core_timer_replays_the_recorded_calls_warm() -> None:
     """The warm replay reruns every recorded call from the run's initial state (those outside
     steps too) and times only the in-step ones; each call must give the recorded commands."""
-    timer = _recorded_core_run()
+    timer = recorded_core_run()
     assert timer.calls is not None
-    assert [(batch, len(events), in_step) for batch, events, in_step, _ in timer.calls] == [
-        (False, 1, False),
-        (False, 1, False),
-        (True, 2, True),
-        (False, 1, True),
-        (True, 1, True),
-        (False, 1, False),
+    assert [(batch, len(events), step) for batch, events, step, _ in timer.calls] == [
+        (False, 1, 0),
+        (False, 1, 0),
+        (True, 2, 1),
+        (False, 1, 1),
+        (True, 1, 1),
+        (False, 1, 0),
     ]
     assert timer.in_step_s == 4.0  # three recorded calls and the refused one
     # fake clock: 1 per call, three in-step calls per pass, best of two passes
@@ -323,18 +291,62 @@ def test_core_timer_warm_replay_refuses_a_diverging_replay() -> None:
     recorded as a drop) makes the figure meaningless, so the replay raises."""
     import retire_core as rc
 
-    timer = _recorded_core_run()
+    timer = recorded_core_run()
     assert timer.calls is not None
-    batch, events, in_step, commands = timer.calls[4]
+    batch, events, step, commands = timer.calls[4]
     (publish,) = commands
     assert isinstance(publish, rc.Publish)
     drop = rc.Drop(publish.frame, publish.scope, publish.version, publish.kind, "retired_version")
-    timer.calls[4] = (batch, events, in_step, [drop])
+    timer.calls[4] = (batch, events, step, [drop])
     with pytest.raises(RuntimeError, match="diverged at core call 4"):
         timer.warm_replay(reps=1)
 
 
+def test_replay_core_calls_runs_between_after_each_steps_first_call() -> None:
+    """``between(step)`` (where ``interleave`` runs a forward pass) comes once per step, right
+    after that step's first core call, as the model runs after ``after_schedule`` in a real step;
+    calls outside steps are replayed but neither timed nor followed by it."""
+    import retire_core as rc
+    from retire_bench.systems import replay_core_calls
+
+    timer = recorded_core_run()
+    assert timer.calls is not None
+    # a second step: one more in-step call after the first step's, then the closing Cancel
+    *calls, cancel = timer.calls
+    commit = rc.FrameArrived("s", 0, 9, rc.FrameKind.COMMIT)
+    calls.append((True, (commit,), 2, [rc.Publish(9, "s", 0, rc.FrameKind.COMMIT)]))
+    calls.append(cancel)
+    log: list[str] = []
+
+    def clock() -> float:
+        log.append("t")
+        return float(len(log))
+
+    spent = replay_core_calls(timer._initial, calls, clock, lambda step: log.append(f"step{step}"))
+    marks = "".join(log).replace("tt", "c")  # each call reads the clock twice
+    assert marks == "cc" + "cstep1" + "cc" + "cstep2" + "c"
+    assert spent == 4.0  # the four in-step calls, 1 each on this clock
+
+
+def test_core_timer_saves_calls_that_replay_alike(tmp_path: Path) -> None:
+    """``save_calls`` / ``load_core_calls`` round-trip the recorded calls and initial state: the
+    loaded calls replay without diverging; a file of another kind is refused."""
+    from retire_bench.systems import load_core_calls, replay_core_calls
+
+    timer = recorded_core_run()
+    path = tmp_path / "calls.pkl"
+    timer.save_calls(path)
+    initial, calls = load_core_calls(path)
+    assert calls == timer.calls
+    assert replay_core_calls(initial, calls) >= 0.0  # raises if any call diverges
+    other = tmp_path / "other.pkl"
+    other.write_bytes(pickle.dumps({"format": 0}))
+    with pytest.raises(ValueError, match="not a core-calls file"):
+        load_core_calls(other)
+
+
 def test_core_timer_without_recording_has_no_replay() -> None:
+
     from retire_bench.systems import CoreTimer
 
     class System:

@@ -81,8 +81,13 @@ def test_short_replay_both_systems(short_trace: Path, tmp_path: Path) -> None:
     trace, _ = R.load(short_trace)
     # Twice the trace's time scale: a final version must get its first token before the next
     # burst revises it, and a loaded CI machine should not be able to take that away.
+    calls_path = tmp_path / "calls.pkl"
     cfg = R.ReplayConfig(
-        reps=1, time_scale=2.0, consumer_delay_s=0.1, engine_overrides={"num_blocks": 256}
+        reps=1,
+        time_scale=2.0,
+        consumer_delay_s=0.1,
+        engine_overrides={"num_blocks": 256},
+        core_calls_path=calls_path,
     )
     doc, results = R.replay(trace, ["native", "native_stop_reading", "retire"], cfg)
     retire = doc["retire"]
@@ -96,6 +101,12 @@ def test_short_replay_both_systems(short_trace: Path, tmp_path: Path) -> None:
     assert doc["goodput_ratio"] is not None
     # the run's in-step core calls replayed warm gave back the very commands of the run
     assert retire["retire_core_us_per_step_warm"] is not None
+    # ... and so do the calls written for retire_bench.interleave (only the Retire arm has any)
+    from retire_bench.systems import load_core_calls, replay_core_calls
+
+    initial, calls = load_core_calls(calls_path)
+    assert any(step for _, _, step, _ in calls)
+    assert replay_core_calls(initial, calls) > 0.0
     json.dumps(doc)
     from retire_bench import plots
 

@@ -311,7 +311,6 @@ def test_reconfigured_structlog_is_followed() -> None:
 
 def reference_reclaim(txn: Any, scope: str) -> None:
     """RECLAIM as it was written before the shortcut: scan every page, every time."""
-    import attrs
 
     from retire_core.frozen import FrozenMap
 
@@ -520,7 +519,6 @@ def test_steps_carry_the_page_index_instead_of_scanning_every_page(
 
 def test_a_state_that_drops_its_page_index_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded bug: ``freeze`` forgets the index; the check above sees the scans."""
-    import attrs
 
     from retire_core.txn import Txn
 
@@ -576,8 +574,6 @@ def test_stale_page_kinds_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_hand_built_and_unpickled_states_get_an_index() -> None:
     import pickle
-
-    import attrs
 
     from retire_core.frozen import PageMap
     from retire_core.state import PageRecord
@@ -670,27 +666,3 @@ def test_reading_pages_during_a_fence_is_caught(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(reclaim_module, "_nothing_drained", lambda *_: False)
     with pytest.raises(AssertionError):
         test_a_receipt_before_the_last_reads_no_page(monkeypatch)
-
-
-def test_evolve_equals_attrs_evolve_and_replace() -> None:
-    """The core's ``evolve`` (the fast path every step and every page of a revision takes) makes
-    exactly the record ``attrs.evolve`` (``_replace`` for the ``PageRecord`` named tuple) makes,
-    of the same class, leaving the original alone; an unknown field is refused."""
-    from retire_core.state import PageRecord, ParticipantRecord, evolve
-
-    page = PageRecord("s", 0, "q", 1, 2, "b2", "fp")
-    changed = evolve(page, held=False, pinned=True, digest="d")
-    assert type(changed) is PageRecord
-    assert changed == page._replace(held=False, pinned=True, digest="d")
-    assert (page.held, page.pinned, page.digest) == (True, False, None)
-    part = ParticipantRecord(3)
-    assert evolve(part, closed=True) == attrs.evolve(part, closed=True)
-    rec = rc.Retire(logger=ListLogger())
-    rec.handle(rc.Submit("s", "t", "f", (1,)))
-    scope = rec.scope("s")
-    moved = evolve(scope, state=rc.ScopeState.PAUSED, admitted=False)
-    assert type(moved) is type(scope)
-    assert moved == attrs.evolve(scope, state=rc.ScopeState.PAUSED, admitted=False)
-    for record in (page, part, scope):
-        with pytest.raises(KeyError):
-            evolve(record, no_such_field=1)
