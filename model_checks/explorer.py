@@ -791,6 +791,14 @@ FULL = Profile(
             ledger_size=1,
             cost=30,
         ),
+        # chains of three revisions with two late frames in flight
+        Config(
+            "deep-frames",
+            Bounds(1, 2, 2, 1, 1, 3, ((1,), (2,)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+            cost=20,
+        ),
         # two-block handoffs across two revisions with two revised contexts
         Config(
             "handoff",
@@ -798,6 +806,22 @@ FULL = Profile(
             Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
             ledger_size=1,
             cost=110,
+        ),
+        # three-block handoffs: certification and adoption cut at every position
+        Config(
+            "handoff-long",
+            Bounds(1, 2, 0, 3, 3, 1, ((1, 2, 3),), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+            cost=140,
+        ),
+        # two tenants, each with a two-block handoff and one of two revised contexts, a fault
+        Config(
+            "tenants-handoff",
+            Bounds(2, 2, 0, 2, 2, 1, ((1, 2), (1, 3)), (0, 1)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+            cost=50,
         ),
         # two-block handoffs with a late frame in flight
         Config(
