@@ -54,6 +54,9 @@ def longest_certifiable_prefix(
     for i in range(len(rec.context)):
         here = by_position.get(i, [])
         done = [(p, pg) for p, pg in here if pg.full and not pg.writer_open]
+        if len(done) == 1:  # the common case: one page per position
+            chain.append(done[0])
+            continue
         if done:
             # Prefer the newest retired version's page, then the lowest id: deterministic.
             chain.append(min(done, key=lambda item: (-item[1].version, item[0])))

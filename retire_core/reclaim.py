@@ -50,11 +50,13 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
     drained: dict[int, bool] = {}  # ``rec.drained(v)``, asked once per version
     if _nothing_drained(rec, kinds, drained):
         return
-    mine = sorted(txn.owned_pages(scope))
     freed = []
-    # Read through the current view; the page map is thawed only when a page changes.
-    for p in mine:
-        page = txn.rpages[p]
+    live: set[int] = set()  # the versions of the pages that stay
+    # Each page is read once, from the view as it was before the pass (a page the pass has not
+    # reached yet is the same there); the page map is thawed only when a page changes.
+    view = txn.rpages
+    for p in sorted(txn.owned_pages(scope)):
+        page = view[p]
         if page.held and (cancelled or page.version < epoch) and not page.writer_open:
             v = page.version
             done = drained.get(v)
@@ -64,6 +66,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
                 txn.record_page("unhold", _RECLAIM, scope, v, p, _UNHELD)
                 if page.pinned:
                     txn.pages[p] = evolve(page, held=False)
+                    live.add(v)
                     continue
                 # unheld and unpinned: freed right away (the unheld copy would never be read)
                 del txn.pages[p]
@@ -74,10 +77,10 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
             del txn.pages[p]
             freed.append(p)
             txn.record_page("free", _RECLAIM, scope, page.version, p)
+            continue
+        live.add(page.version)
     if freed:
         txn.emit(Free(tuple(freed)))
-    pages = txn.rpages
-    live = {pages[p].version for p in mine if p in pages}
     _forget_drained_versions(txn, scope, rec, live, drained)
 
 
