@@ -84,6 +84,8 @@ class GraphStep:
     def __init__(self, gib: float, device: str) -> None:
         import torch
 
+        if not gib > 0:
+            raise ValueError(f"a graph step must read some weights, not {gib} GiB")
         if not device.startswith("cuda"):
             raise ValueError("graph steps replay a CUDA graph: they need a CUDA device")
         self.torch = torch
@@ -267,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if not models:
         p.error("name at least one --model, --llama or --graph-gib")
+    if not args.calls.is_file():
+        p.error(f"{args.calls}: no such file (write one with retire replay --save-core-calls)")
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
+    if any(not g > 0 for g in args.graph_gib):
+        p.error("--graph-gib must be above 0")
     doc = run(args.calls, models, args.device, args.reps)
     print(table(doc))
     if args.json is not None:

@@ -55,3 +55,24 @@ def test_decoder_decodes_one_token_per_sequence_per_step(tmp_path: Path) -> None
     assert tuple(decoder.next_ids.shape) == (BATCH, 1)
     with pytest.raises(ValueError, match="unknown preset"):
         build_model("llama-2t", "cpu")
+
+
+def test_bad_arguments_are_refused_before_any_model_is_built(tmp_path: Path) -> None:
+    from retire_bench.interleave import GraphStep, main
+
+    timer = recorded_core_run()
+    calls = tmp_path / "calls.pkl"
+    timer.save_calls(calls)
+    for argv in (
+        [str(calls)],  # no model named
+        [str(tmp_path / "missing.pkl"), "--model", "default"],
+        [str(calls), "--model", "default", "--reps", "0"],
+        [str(calls), "--graph-gib", "0"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2, argv
+    with pytest.raises(ValueError, match="some weights"):
+        GraphStep(-1.0, "cuda")
+    with pytest.raises(ValueError, match="CUDA device"):
+        GraphStep(1.0, "cpu")
