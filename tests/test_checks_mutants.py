@@ -60,6 +60,20 @@ def test_unmutated_core_and_spec_pass_the_mutants_runs() -> None:
         assert result.violation is None and result.exhaustive, config.name
 
 
+def test_hypothesis_alone_kills_every_core_mutant() -> None:
+    """The Hypothesis machine is a second check of the core, independent of the explorer: with
+    the examples ``judge`` gives it, it must find a failure under every core mutant (if a change
+    to the rules lets one survive, re-pick ``fuzz.FUZZ_SEED`` or raise the count)."""
+    from retire_checks.fuzz import run_machine
+
+    survivors = []
+    for mutant in mutants.CORE_MUTANTS:
+        with mutant.active():
+            if run_machine(max_examples=mutants.HYPOTHESIS_EXAMPLES) is None:
+                survivors.append(mutant.name)
+    assert survivors == []
+
+
 def test_hypothesis_is_reported_for_core_mutants() -> None:
     verdict = mutants.judge(
         mutants.MUTANTS["stale_token_published"], use_z3=False, use_hypothesis=True
