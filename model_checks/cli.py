@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Callable
 
 Configure = Callable[[argparse.ArgumentParser], None]
@@ -38,6 +39,11 @@ def _scenario(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # every other argument is vLLM's server's
+        from retire_vllm.serving.server import main as serve
+
+        return serve(argv[1:])
     for module in PLUGINS:
         try:
             importlib.import_module(module)
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="retire", description="Retire: replace live LLM work safely."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="vLLM's OpenAI-compatible server with Retire (docs/serving.md)")
     for name, (help_text, configure, _) in sorted(COMMANDS.items()):
         configure(sub.add_parser(name, help=help_text))
     args = parser.parse_args(argv)

@@ -162,6 +162,40 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook("vllm.v1.engine", "EngineCoreOutput.finish_reason", _F, use="(e, f)"),
     Hook("vllm.v1.engine", "EngineCoreOutputs.outputs", _F, use="(e, f)"),
     Hook("vllm.v1.engine", "FinishReason.ABORT", _M, use="(f) terminal frame"),
+    # --- the serving path (retire serve: docs/serving.md) --------------------------------------
+    Hook(
+        _CORE, "EngineCoreProc._handle_client_request", _C, ("request_type", "request"), "utility"
+    ),
+    Hook(_CORE, "EngineCoreProc.output_queue", _I, use="serving: a fence's terminal output"),
+    Hook("vllm.plugins", "load_general_plugins", _C, (), "serving: the utility method"),
+    Hook("vllm.v1.engine.async_llm", "AsyncLLM.from_vllm_config", _C, ("vllm_config",), "serve"),
+    Hook("vllm.v1.engine.async_llm", "AsyncLLM.engine_core", _I, use="serving: utility calls"),
+    Hook(
+        "vllm.v1.engine.core_client",
+        "AsyncMPClient.call_utility_async",
+        _C,
+        ("method",),
+        "serving: the one utility call",
+    ),
+    Hook("vllm.v1.engine", "EngineCoreOutput.stop_reason", _F, use="serving: fence marker"),
+    Hook("vllm.sampling_params", "SamplingParams.extra_args", _F, use="serving: scope, version"),
+    Hook("vllm.sampling_params", "SamplingParams.clone", _C, (), "serving: stamped params"),
+    Hook("vllm.entrypoints.launchers.cli_args", "make_arg_parser", _C, ("parser",), "serve"),
+    Hook(
+        "vllm.entrypoints.launchers.cli_args",
+        "FrontendArgs.middleware",
+        _F,
+        use="serving: scopes on the endpoints",
+    ),
+    Hook(
+        "vllm.entrypoints.launchers.api_server.entry",
+        "build_and_serve",
+        _C,
+        ("engine_client", "listen_address", "sock", "args"),
+        "serve: vLLM's own app",
+    ),
+    Hook("vllm.entrypoints.launchers.launcher", "setup_server", _C, ("args",), "serve"),
+    Hook("vllm.outputs", "CompletionOutput.stop_reason", _F, use="serving: fence marker"),
     # --- KV cache manager and block pool (a, c, d) -------------------------------------------
     Hook(_KVM, "KVCacheManager.coordinator", _I, use="(a)"),
     Hook(_KVM, "KVCacheManager.block_pool", _I, use="(a)"),

@@ -74,10 +74,16 @@ class RetireScheduler(Scheduler):
         )
 
 
-def commit_without(scheduler: Scheduler, refused: Iterable[str], commit: Callable[[], Any]) -> Any:
+def commit_without(
+    scheduler: Scheduler,
+    refused: Iterable[str],
+    commit: Callable[[], Any],
+    stop_reason: str | None = None,
+) -> Any:
     """Run ``commit`` (the base ``update_from_output``) so that the ``refused`` requests commit
     nothing: they are finished as aborted first (the base loop skips finished requests) and each
-    gets the terminal ABORT output the engine's drain loop waits for (without it, it hangs)."""
+    gets the terminal ABORT output the engine's drain loop waits for (without it, it hangs),
+    carrying ``stop_reason``."""
     live = sorted(rid for rid in refused if rid in scheduler.requests)
     closed = scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED) if live else []
     outputs = commit()
@@ -85,7 +91,10 @@ def commit_without(scheduler: Scheduler, refused: Iterable[str], commit: Callabl
         eco = outputs.setdefault(req.client_index, EngineCoreOutputs())
         eco.outputs.append(
             EngineCoreOutput(
-                request_id=req.request_id, new_token_ids=[], finish_reason=FinishReason.ABORT
+                request_id=req.request_id,
+                new_token_ids=[],
+                finish_reason=FinishReason.ABORT,
+                stop_reason=stop_reason,
             )
         )
     return outputs

@@ -71,3 +71,20 @@ def test_version_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hooks, "VLLM_VERSION", "0.0.1")
     problems = hooks.check_hooks([Hook("vllm", "__version__", Kind.MEMBER)])
     assert len(problems) == 1 and "pinned" in problems[0]
+
+
+def test_the_serving_plugin_is_an_installed_general_plugin() -> None:
+    """vLLM loads ``vllm.general_plugins`` in the engine-core process; Retire's entry point adds
+    its utility method there, and vLLM's utility dispatch still finds methods by name."""
+    import inspect
+    from importlib.metadata import entry_points
+
+    from vllm.v1.engine.core import EngineCore, EngineCoreProc
+
+    from retire_vllm.serving import plugin, wire
+
+    found = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert found.get("retire") == "retire_vllm.serving.plugin:register"
+    plugin.register()
+    assert getattr(EngineCore, wire.UTILITY) is plugin.retire_call
+    assert "getattr(self, method_name)" in inspect.getsource(EngineCoreProc._handle_client_request)

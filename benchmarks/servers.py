@@ -1,0 +1,171 @@
+"""Real server processes for the serving tests: ``retire serve`` and stock vLLM's server.
+
+Each is started as a subprocess on 127.0.0.1 with a free port, its console going to a log file,
+and is ready when ``/health`` answers. ``RetireServer.check_clean`` asks the server what Retire
+and vLLM still hold (``GET /v1/retire/leaks``); ``close`` stops it and validates the core log
+against the spec (``retire validate-trace``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+READY_TIMEOUT_S = 240.0
+RETIRE = str(Path(sys.executable).parent / "retire")  # the console script of this venv
+# Same engine for both servers: the tiny default model, fp32, 32-token blocks, eager.
+ENGINE_OPTIONS = ["--max-num-seqs", "16", "--seed", "0"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+            "VLLM_RPC_BASE_PATH": str(tmp),
+            "TMPDIR": str(tmp),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+class Server:
+    def __init__(self, argv: list[str], tmp: Path, name: str) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / f"{name}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [*argv, "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=_env(tmp),
+            start_new_session=True,
+        )
+        self._wait_ready()
+        self.model = httpx.get(f"{self.base}/v1/models").json()["data"][0]["id"]
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited; log:\n{self.log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{self.base}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server not ready; log:\n{self.log_path.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+class RetireServer(Server):
+    def __init__(self, tmp: Path, extra: list[str] | None = None) -> None:
+        self.core_log = tmp / "retire-core.jsonl"
+        argv = [RETIRE, "serve", *ENGINE_OPTIONS]
+        super().__init__([*argv, "--retire-log", str(self.core_log), *(extra or [])], tmp, "retire")
+
+    def leaks(self) -> dict[str, Any]:
+        answer: dict[str, Any] = httpx.get(f"{self.base}/v1/retire/leaks").json()
+        return answer
+
+    def check_clean(self, timeout_s: float = 10.0) -> None:
+        """Nothing left: no live scope, request, pin, retained block or core page, and every
+        usable block is free again (aborts reach the engine core asynchronously: poll)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            leaks = self.leaks()
+            problems = {
+                key: leaks[key]
+                for key in (
+                    "ledger_blocks",
+                    "ledger_pins",
+                    "core_pages",
+                    "core_pinned",
+                    "managed_requests",
+                    "scheduler_requests",
+                    "admissions",
+                    "openings",
+                    "live_scopes",
+                )
+                if leaks[key]
+            }
+            if leaks["free_blocks"] != leaks["initial_free_blocks"]:
+                problems["free_blocks"] = (leaks["free_blocks"], leaks["initial_free_blocks"])
+            if not problems:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"left behind: {problems}")
+            time.sleep(0.1)
+
+    def close(self) -> str:
+        """Stop the server and validate its core log; returns the validator's verdict line."""
+        self.stop()
+        result = subprocess.run(
+            [RETIRE, "validate-trace", str(self.core_log)],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise AssertionError(f"core log rejected: {result.stdout}{result.stderr}")
+        return result.stdout
+
+
+class StockServer(Server):
+    def __init__(self, tmp: Path, model: str) -> None:
+        from retire_vllm.engine_config import engine_kwargs
+
+        kw = engine_kwargs(model, num_blocks=1024)
+        argv = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--dtype",
+            "float32",
+            "--block-size",
+            str(kw["block_size"]),
+            "--kv-cache-memory-bytes",
+            str(kw["kv_cache_memory_bytes"]),
+            "--num-gpu-blocks-override",
+            str(kw["num_gpu_blocks_override"]),
+            "--max-model-len",
+            str(kw["max_model_len"]),
+            "--max-num-batched-tokens",
+            str(kw["max_num_batched_tokens"]),
+            "--enforce-eager",
+            "--enable-prompt-tokens-details",
+            *ENGINE_OPTIONS,
+        ]
+        super().__init__(argv, tmp, "stock")

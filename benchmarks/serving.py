@@ -1,0 +1,225 @@
+"""Serving overhead: stock vLLM's OpenAI server against ``retire serve``, one run, one machine.
+
+Both servers run the same model with the same engine settings, side by side; rounds alternate
+between them so that drift in the machine's speed hits both. A round is a steady load of
+streaming completions from concurrent clients (the real ``openai`` client), without revisions:
+against ``retire serve`` every request opens its own scope (the scopes are cancelled after the
+round, outside the timing). Reported per server: time to first token and inter-chunk latency
+(p50, p99), completion tokens per second; and Retire over stock as ratios. Then the revision
+latency over HTTP: from sending a revision to the arrival of the old stream's terminal
+(``superseded``) chunk at the client, and to the revision's response headers (accepted).
+
+``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
+[--json PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from retire_vllm.client import scoped
+
+from .servers import RetireServer, Server, StockServer
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(10, 2000) for _ in range(n)]
+
+
+async def _one(
+    c: openai.AsyncOpenAI, model: str, tokens: list[int], max_tokens: int, scope: str | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"ignore_eos": True}
+    if scope is not None:
+        body.update(scoped(scope))
+    t0 = time.perf_counter()
+    stream = await c.completions.create(
+        model=model,
+        prompt=tokens,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        extra_body=body,
+    )
+    arrivals: list[float] = []
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            arrivals.append(time.perf_counter())
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    return {"ttft": arrivals[0] - t0 if arrivals else float("nan"), "gaps": gaps}
+
+
+async def _round(server: Server, scoped_requests: bool, args: Any, tag: str) -> dict[str, Any]:
+    c = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
+    scopes: list[str] = []
+
+    async def client(k: int) -> list[dict[str, Any]]:
+        out = []
+        for i in range(args.requests):
+            scope = f"bench-{tag}-{k}-{i}" if scoped_requests else None
+            if scope:
+                scopes.append(scope)
+            out.append(await _one(c, server.model, _prompt(k * 1000 + i, 128), 64, scope))
+        return out
+
+    t0 = time.perf_counter()
+    results = [
+        r for rs in await asyncio.gather(*(client(k) for k in range(args.clients))) for r in rs
+    ]
+    wall = time.perf_counter() - t0
+    async with httpx.AsyncClient() as h:
+        for scope in scopes:
+            (await h.post(f"{server.base}/v1/scopes/{scope}/cancel")).raise_for_status()
+    await c.close()
+    return {
+        "ttft": [r["ttft"] for r in results],
+        "gaps": [g for r in results for g in r["gaps"]],
+        "tokens": 64 * len(results),
+        "wall": wall,
+    }
+
+
+async def _revision_latency(server: RetireServer, trials: int) -> dict[str, list[float]]:
+    c = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
+    closed, accepted = [], []
+    for t in range(trials):
+        scope = f"rev-{t}"
+        old = await c.completions.create(
+            model=server.model,
+            prompt=_prompt(5000 + t, 96),
+            max_tokens=1500,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True, **scoped(scope)},
+        )
+        end: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        started = asyncio.Event()
+
+        async def read(
+            stream: Any = old, done: asyncio.Future[float] = end, first: asyncio.Event = started
+        ) -> None:
+            n = 0
+            async for chunk in stream:
+                n += 1
+                if n == 3:
+                    first.set()
+                if chunk.choices and chunk.choices[0].finish_reason is not None and not done.done():
+                    done.set_result(time.perf_counter())
+            if not done.done():
+                done.set_result(float("nan"))
+
+        reader = asyncio.create_task(read())
+        await started.wait()
+        sent = time.perf_counter()
+        new = await c.completions.create(
+            model=server.model,
+            prompt=_prompt(6000 + t, 96),
+            max_tokens=2,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True, **scoped(scope)},
+        )
+        accepted.append(time.perf_counter() - sent)
+        closed.append(await end - sent)
+        async for _ in new:
+            pass
+        await reader
+        async with httpx.AsyncClient() as h:
+            (await h.post(f"{server.base}/v1/scopes/{scope}/cancel")).raise_for_status()
+    await c.close()
+    return {"old_stream_closed": closed, "revision_accepted": accepted}
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    ttft = [x for r in rounds for x in r["ttft"]]
+    gaps = [x for r in rounds for x in r["gaps"]]
+    return {
+        "ttft_p50_ms": 1000 * _pct(ttft, 0.5),
+        "ttft_p99_ms": 1000 * _pct(ttft, 0.99),
+        "itl_p50_ms": 1000 * _pct(gaps, 0.5),
+        "itl_p99_ms": 1000 * _pct(gaps, 0.99),
+        "tokens_per_s": sum(r["tokens"] for r in rounds) / sum(r["wall"] for r in rounds),
+    }
+
+
+def run(args: Any) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
+    retire = RetireServer(tmp / "retire")
+    stock = StockServer(tmp / "stock", retire.model)
+    try:
+        by: dict[str, list[dict[str, Any]]] = {"stock": [], "retire": []}
+        for r in range(args.rounds):
+            by["stock"].append(asyncio.run(_round(stock, False, args, f"s{r}")))
+            by["retire"].append(asyncio.run(_round(retire, True, args, f"r{r}")))
+        revision = asyncio.run(_revision_latency(retire, args.trials))
+        retire.check_clean()
+    finally:
+        stock.stop()
+        verdict = retire.close()
+    s, t = _summary(by["stock"]), _summary(by["retire"])
+    report = {
+        "command": "python -m retire_bench.serving "
+        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
+        "stock": s,
+        "retire": t,
+        "ratio_retire_over_stock": {k: t[k] / s[k] for k in s},
+        "added_itl_p50_percent": 100 * (t["itl_p50_ms"] / s["itl_p50_ms"] - 1),
+        "revision_ms": {
+            key: {"p50": 1000 * _pct(v, 0.5), "p99": 1000 * _pct(v, 0.99), "n": len(v)}
+            for key, v in revision.items()
+        },
+        "core_log": verdict.strip(),
+    }
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m retire_bench.serving", description=__doc__)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--requests", type=int, default=12, help="per client and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--trials", type=int, default=30, help="revision-latency trials")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if min(args.clients, args.requests, args.rounds, args.trials) < 1:
+        p.error("--clients, --requests, --rounds and --trials must be at least 1")
+    report = run(args)
+    print(f"{'':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>8}")
+    for name in ("stock", "retire"):
+        r = report[name]
+        print(
+            f"{name:>8} {r['ttft_p50_ms']:9.2f} {r['ttft_p99_ms']:9.2f} {r['itl_p50_ms']:8.2f} "
+            f"{r['itl_p99_ms']:8.2f} {r['tokens_per_s']:8.1f}"
+        )
+    ratio = report["ratio_retire_over_stock"]
+    print("retire / stock: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
+    for key, v in report["revision_ms"].items():
+        print(f"revision, {key}: p50 {v['p50']:.2f} ms, p99 {v['p99']:.2f} ms ({v['n']} trials)")
+    print(report["core_log"])
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""A thin client helper over the ``openai`` package for ``retire serve``.
+
+Chunks already on the wire when the server accepts a revision can still sit in a client's socket
+or in an application's reader queue. ``ScopeReader`` applies the publication rule where the
+application reads: every chunk of a scoped response carries ``"retire": {"scope", "version"}``
+and every scoped response the header ``x-retire-version``; once the reader has seen version ``v``
+of a scope accepted, a chunk of an older version of that scope is dropped. ``scoped`` builds the
+``extra_body`` that puts a request under a scope. Nothing here talks to the server by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .serving.wire import HEADER_VERSION
+
+
+def scoped(scope: str, tenant: str | None = None, **extra: Any) -> dict[str, Any]:
+    """``extra_body`` for ``client.completions.create`` / ``client.chat.completions.create``."""
+    xargs: dict[str, Any] = {"retire_scope": scope}
+    if tenant is not None:
+        xargs["retire_tenant"] = tenant
+    return {**extra, "vllm_xargs": {**extra.get("vllm_xargs", {}), **xargs}}
+
+
+def stamp(obj: Any) -> tuple[str, int] | None:
+    """The ``(scope, version)`` a chunk or response carries, or None for an unscoped one."""
+    extra = getattr(obj, "model_extra", None) or {}
+    mark = extra.get("retire") if isinstance(extra, dict) else None
+    if not isinstance(mark, dict):
+        return None
+    return str(mark["scope"]), int(mark["version"])
+
+
+class ScopeReader:
+    """The newest accepted version of each scope, and the rule that drops older chunks."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, int] = {}
+        self.dropped = 0
+
+    def accepted(self, scope: str, version: int) -> None:
+        """A revision of ``scope`` was accepted as ``version`` (e.g. from ``x-retire-version``)."""
+        if version > self.current.get(scope, -1):
+            self.current[scope] = version
+
+    def accept_response(self, scope: str, response: Any) -> int:
+        """Record the version of a scoped streaming response (openai ``Stream`` or httpx
+        response): the server sends its headers only once the version is admitted."""
+        raw = getattr(response, "response", response)
+        version = int(raw.headers[HEADER_VERSION])
+        self.accepted(scope, version)
+        return version
+
+    def admit(self, chunk: Any) -> bool:
+        """Should the application see this chunk?"""
+        mark = stamp(chunk)
+        if mark is None:
+            return True
+        scope, version = mark
+        newest = self.current.get(scope, -1)
+        if version < newest:
+            self.dropped += 1
+            return False
+        self.current[scope] = version
+        return True

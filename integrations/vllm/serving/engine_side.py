@@ -1,0 +1,784 @@
+"""``EngineSide``: the version authority inside vLLM's engine-core process.
+
+One ``retire_core.Retire`` per engine core, beside the scheduler (``RetireServingScheduler``
+builds it; the first utility call attaches it to the ``EngineCore``). Everything here runs on the
+engine core's busy-loop thread: utility calls (``call``) are handled between steps, scheduler
+hooks inside them, so the authority is never entered twice at once.
+
+Each observation point builds its events, calls the core once (``_decide``) and hands the
+commands to one non-re-entrant executor (``_run``); a caller that needs a frame's fate reads the
+``Publish``/``Drop`` in the commands it got back. Observation -> event:
+
+* ``open`` (a scoped request arrives at the API process) -> ``Submit`` or ``Supersede``;
+  ``pause``/``unpause``/``cancel`` -> the user events.
+* the admitted version's request reaches the scheduler (``on_add_request``) ->
+  ``ParticipantStarted`` for the request (and each TP rank).
+* after ``Scheduler.schedule``: new block ids -> ``PageAllocated``; the blocks the step writes ->
+  ``WriteAttempted`` (the write gate).
+* before the commit: one ``COMMIT`` frame per scheduled request (the commit gate).
+* after the commit: blocks the step filled -> ``WriterClosed(digest)``; each output of a managed
+  request -> a ``TOKEN`` frame at the engine boundary (a dropped one never leaves the process);
+  a finished request -> ``WriterClosed`` for its open blocks, then a ``Receipt`` per participant.
+* a request finished from outside (the client went away: vLLM's abort) -> the same closure.
+
+Command -> action: ``Fence`` finishes the requests in the scheduler, sends each a terminal output
+whose ``stop_reason`` names the fence (the API process ends the stream with it), closes writers
+and delivers receipts; ``PinCertified`` pins through the ledger and reads the certified bytes at
+once (no step is in flight during a utility call) for the ``AdoptionReport``; ``Adopt``,
+``Unpin`` and ``Free`` go to the ledger; ``Admit`` answers the pending ``open`` with the cache salt
+the version must run under. Outside a step nothing is deferred; inside one, fences and byte checks
+wait for the step boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+
+from retire_core import (
+    DEFAULT_CONTRACT,
+    Admit,
+    Adopt,
+    AdoptionReport,
+    Cancel,
+    Command,
+    Contract,
+    Drop,
+    Event,
+    Fence,
+    FenceWrite,
+    FrameArrived,
+    FrameKind,
+    Free,
+    PageAllocated,
+    PageDigest,
+    PageReused,
+    ParticipantStarted,
+    Pause,
+    PinCertified,
+    Receipt,
+    Retire,
+    RetireError,
+    ScopeState,
+    Submit,
+    Supersede,
+    Unpause,
+    Unpin,
+    WriteAttempted,
+    WriterClosed,
+)
+from retire_core.errors import UnknownScopeError
+from retire_core.ids import check_name
+
+from .. import identity
+from .. import introspect as ix
+from ..facade import (
+    ENGINE_NUMERICAL_MODE,
+    VERIFICATION_FAILURES,
+    IntegrationError,
+    IsolationError,
+    _NullLogger,
+    json_lines_logger,
+    worker_fence_receipt,
+)
+from . import wire
+from .ledger import BlockLedger
+
+#: Environment variable naming the file the core's transitions are written to (JSON lines).
+LOG_ENV = "RETIRE_CORE_LOG"
+
+
+class TenantMismatchError(RetireError):
+    """A request names a scope that belongs to another tenant."""
+
+
+@attrs.define
+class Admission:
+    """An admitted version whose request has not reached the scheduler yet."""
+
+    scope: str
+    version: int
+    salt: str
+    adopted: tuple[int, ...]
+    cold: bool
+
+
+@attrs.define
+class ManagedRequest:
+    rid: str
+    scope: str
+    version: int
+    participants: tuple[str, ...]
+    salt: str
+    client_index: int
+    adopted: tuple[int, ...] = ()
+    handoff_pins: list[int] = attrs.field(factory=list)
+    block_ids: list[int] = attrs.field(factory=list)
+    pages: list[int] = attrs.field(factory=list)
+    scheduled: bool = False
+    closed: set[str] = attrs.field(factory=set)
+    fenced: bool = False
+
+
+@attrs.define
+class ScopeInfo:
+    """What the API needs to answer ``GET /v1/scopes/{scope}`` beyond the core's record."""
+
+    tenant: str
+    requests: dict[int, str] = attrs.field(factory=dict)  # version -> request id
+    adopted_blocks: dict[int, int] = attrs.field(factory=dict)  # version -> blocks adopted
+
+
+class EngineSide:
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.engine_core: Any = None
+        self.retire: Retire | None = None
+        self._log_file: TextIO | None = None
+        self.reqs: dict[str, ManagedRequest] = {}
+        self.by_participant: dict[str, str] = {}
+        self.admissions: dict[tuple[str, int], Admission] = {}
+        self.opening: dict[tuple[str, int], Future[dict[str, Any]]] = {}
+        self.scopes: dict[str, ScopeInfo] = {}
+        self._frame_ids = itertools.count()
+        self._salts = itertools.count()
+        self._queue: list[Command] = []
+        self._draining = False
+        self._in_step = False
+        self._deferred: list[Command] = []
+        self._deferred_reports: list[PinCertified] = []
+        self._completed: list[int] = []
+        self._fencing: set[str] = set()  # requests this side is finishing itself
+        self.counters: dict[str, int] = {}
+
+    # ---- attach (first utility call) ------------------------------------------------------------
+
+    @property
+    def attached(self) -> bool:
+        return self.retire is not None
+
+    def attach(self, engine_core: Any) -> None:
+        if self.retire is not None:
+            return
+        vcfg = engine_core.vllm_config
+        self.engine_core = engine_core
+        self.executor = engine_core.model_executor
+        self.kvm = self.scheduler.kv_cache_manager
+        self.pool = self.kvm.block_pool
+        problems = self.executor.collective_rpc(
+            ix.worker_kv_layout_problem, args=(int(self.pool.num_gpu_blocks),)
+        )
+        if any(problems):
+            raise IntegrationError(
+                "Retire cannot read this engine's KV blocks: "
+                + "; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p)
+            )
+        self.block_size = int(vcfg.cache_config.block_size)
+        self.tp = int(vcfg.parallel_config.tensor_parallel_size)
+        self.model_id = Path(str(vcfg.model_config.model)).name
+        self.dtype = str(vcfg.model_config.dtype).replace("torch.", "")
+        log_path = os.environ.get(LOG_ENV)
+        logger: Any = _NullLogger()
+        if log_path:
+            self._log_file = open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            logger = json_lines_logger(self._log_file)
+        self.ledger = BlockLedger(self.pool)
+        self.ledger.spy.listeners.append(self._on_blocks_handed_out)
+        self.initial_free_blocks = int(self.pool.get_num_free_blocks())
+        self.retire = Retire(logger=logger)
+
+    @property
+    def core(self) -> Retire:
+        assert self.retire is not None, "the engine side is not attached"
+        return self.retire
+
+    # ---- utility calls (from the API process) ---------------------------------------------------
+
+    def call(self, engine_core: Any, op: str, payload: dict[str, Any]) -> Any:
+        self.attach(engine_core)
+        if op not in wire.OPS:
+            return wire.refusal(ValueError(f"unknown Retire operation {op!r}"))
+        if op == "attach":
+            return {"ok": True, "block_size": self.block_size, "tp": self.tp}
+        try:
+            return getattr(self, f"op_{op}")(payload)
+        except RetireError as err:
+            return wire.refusal(err)
+
+    def op_open(self, payload: dict[str, Any]) -> Any:
+        scope = check_name(payload.get("scope"), "scope")
+        tenant = check_name(payload.get("tenant"), "tenant")
+        tokens = tuple(int(t) for t in payload["prompt_token_ids"])
+        contract = self._contract(payload)
+        info = self.scopes.get(scope)
+        record = self.core.state.scopes.get(scope)
+        if record is not None and record.tenant != tenant:
+            raise TenantMismatchError(f"scope {scope!r} belongs to another tenant")
+        context = identity.prefix_identities(
+            tokens,
+            tenant=tenant,
+            scope=scope,
+            numerical_mode=contract.numerical_mode,
+            block_size=self.block_size,
+        )
+        event: Event
+        if record is None:
+            fingerprint = identity.fingerprint(
+                model=self.model_id,
+                dtype=self.dtype,
+                block_size=self.block_size,
+                tenant=tenant,
+                tensor_parallel_size=self.tp,
+            )
+            event = Submit(scope, tenant, fingerprint, context, contract)
+        else:
+            event = Supersede(scope, context, contract)
+        commands = self._decide([event])  # raises (and changes nothing) when refused
+        if info is None:
+            info = self.scopes[scope] = ScopeInfo(tenant)
+        version = self.core.current_version(scope)
+        future: Future[dict[str, Any]] = Future()
+        self.opening[(scope, version)] = future
+        fenced = self._fenced_versions(commands)
+        self._run(commands)
+        self._settle_openings(scope)
+        if future.done():
+            answer = future.result()
+            answer["fenced"] = fenced
+            return answer
+        return future  # answered by the Admit (vLLM defers the utility reply)
+
+    def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
+        scope = self._own_scope(payload)
+        self._run(self._decide([Pause(scope)]))
+        return self._status(scope)
+
+    def op_unpause(self, payload: dict[str, Any]) -> dict[str, Any]:
+        scope = self._own_scope(payload)
+        self._run(self._decide([Unpause(scope)]))
+        return self._status(scope)
+
+    def op_cancel(self, payload: dict[str, Any]) -> dict[str, Any]:
+        scope = self._own_scope(payload)
+        commands = self._decide([Cancel(scope)])
+        fenced = self._fenced_versions(commands)
+        self._run(commands)
+        self._settle_openings(scope)
+        return {**self._status(scope), "fenced": fenced}
+
+    def op_status(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._status(self._own_scope(payload))
+
+    def op_leaks(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """What Retire and vLLM still hold (tests: nothing may be left once scopes are done)."""
+        core = self.core.state
+        return {
+            "ok": True,
+            "free_blocks": int(self.pool.get_num_free_blocks()),
+            "initial_free_blocks": self.initial_free_blocks,
+            "ledger_blocks": sorted(self.ledger.refs),
+            "ledger_pins": self.ledger.pinned(),
+            "core_pages": sorted(core.pages),
+            "core_pinned": list(self.core.pinned_pages()),
+            "managed_requests": sorted(self.reqs),
+            "scheduler_requests": sorted(self.scheduler.requests),
+            "admissions": [f"{s}@{v}" for s, v in self.admissions],
+            "openings": [f"{s}@{v}" for s, v in self.opening],
+            "live_scopes": sorted(
+                s for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
+            ),
+            "counters": dict(self.counters),
+        }
+
+    def op_release_all(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Cancel every live scope (tests and shutdown)."""
+        for scope, record in list(self.core.state.scopes.items()):
+            if record.state is not ScopeState.CANCELLED:
+                self._run(self._decide([Cancel(scope)]))
+                self._settle_openings(scope)
+        return {"ok": True}
+
+    def _own_scope(self, payload: dict[str, Any]) -> str:
+        scope = check_name(payload.get("scope"), "scope")
+        tenant = check_name(payload.get("tenant"), "tenant")
+        record = self.core.state.scopes.get(scope)
+        if record is None:
+            raise UnknownScopeError(f"scope {scope!r} was never submitted")
+        if record.tenant != tenant:
+            raise TenantMismatchError(f"scope {scope!r} belongs to another tenant")
+        return scope
+
+    def _status(self, scope: str) -> dict[str, Any]:
+        record = self.core.scope(scope)
+        info = self.scopes[scope]
+        version = record.epoch
+        outstanding = sum(1 for p in record.participants.values() if not p.closed)
+        return {
+            "ok": True,
+            "scope": scope,
+            "tenant": record.tenant,
+            "version": version,
+            "state": record.state.value,
+            "admitted": record.admitted,
+            "adopted_blocks": info.adopted_blocks.get(version, 0),
+            "receipts_outstanding": outstanding,
+            "pages": sorted(p for p, r in self.core.state.pages.items() if r.owner == scope),
+        }
+
+    def _contract(self, payload: dict[str, Any]) -> Contract:
+        from retire_core import ContractError
+
+        mode = payload.get("numerical_mode") or ENGINE_NUMERICAL_MODE
+        if mode != ENGINE_NUMERICAL_MODE:
+            raise ContractError(f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {mode!r}")
+        if not payload.get("greedy", False):
+            raise ContractError(
+                "a scope's versions must decode greedily (temperature 0): inherited state is "
+                "checked against exact equivalence with a clean run"
+            )
+        return DEFAULT_CONTRACT
+
+    def _fenced_versions(self, commands: Sequence[Command]) -> list[int]:
+        return sorted({c.version for c in commands if isinstance(c, Fence)})
+
+    def _settle_openings(self, scope: str) -> None:
+        """An ``open`` still waiting for its Admit whose version was revised or cancelled before
+        admission is answered now: its stream ends with the fence's reason, having run nothing."""
+        record = self.core.state.scopes.get(scope)
+        if record is None:
+            return
+        cancelled = record.state is ScopeState.CANCELLED
+        for key in [k for k in self.opening if k[0] == scope]:
+            if cancelled or key[1] != record.epoch:
+                reason = wire.FINISH_CANCELLED if cancelled else wire.FINISH_SUPERSEDED
+                self.opening.pop(key).set_result({"ok": True, "version": key[1], "fence": reason})
+
+    # ---- scheduler hooks ------------------------------------------------------------------------
+
+    def on_add_request(self, request: Any) -> None:
+        """A request reached the scheduler: an admitted version's request starts its
+        participants (the core answers with a Fence if the version lost authority meanwhile)."""
+        args = request.sampling_params.extra_args if request.sampling_params else None
+        if not args or wire.XARG_VERSION not in args or self.retire is None:
+            return
+        scope, version = str(args[wire.XARG_SCOPE]), int(args[wire.XARG_VERSION])
+        rid = request.request_id
+        admission = self.admissions.pop((scope, version), None)
+        if admission is None:  # lost authority before its request arrived
+            self._finish_from_here(rid, request.client_index, wire.FINISH_SUPERSEDED)
+            return
+        participants = (rid, *(f"{rid}/rank{r}" for r in range(self.tp) if self.tp > 1))
+        req = ManagedRequest(
+            rid,
+            scope,
+            version,
+            participants,
+            admission.salt,
+            request.client_index,
+            adopted=admission.adopted,
+            handoff_pins=list(admission.adopted),
+        )
+        self.reqs[rid] = req
+        for p in participants:
+            self.by_participant[p] = rid
+        self.scopes[scope].requests[version] = rid
+        self._restrict_prefix_hit(req, request)
+        self._run(self._decide([ParticipantStarted(scope, version, p) for p in participants]))
+
+    def withheld(self, scheduler: Any) -> set[str]:
+        if self.retire is None or not self.reqs:
+            return set()
+        scopes = self.core.state.scopes
+        return {
+            rid
+            for rid, req in self.reqs.items()
+            if scopes[req.scope].state is ScopeState.PAUSED
+            and req.version == scopes[req.scope].epoch
+        }
+
+    def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
+        if not self.reqs:
+            return
+        self._in_step = True
+        events: list[Event] = []
+        allocations: list[tuple[ManagedRequest, int, int]] = []
+        writes: list[tuple[int, bool]] = []  # (block, the write fills it)
+        claimed: dict[int, str] = {}
+        bs = self.block_size
+        refs = self.ledger.refs
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            req = self.reqs.get(rid)
+            if req is None:
+                continue
+            ids = ix.manager_block_ids(self.kvm, rid)
+            end = int(scheduler.requests[rid].num_computed_tokens)
+            start = end - int(n)
+            if not req.scheduled:
+                req.scheduled = True
+                self._check_prefix_hit(req, ids, start)
+            prev = req.block_ids
+            first = len(prev) if ids[: len(prev)] == prev else 0
+            known = set(req.pages) | set(req.adopted)
+            for idx in range(first, len(ids)):
+                bid = ids[idx]
+                if bid in known:
+                    continue
+                if bid in refs or bid in claimed:
+                    raise IntegrationError(f"block {bid} handed to {rid} while still retained")
+                claimed[bid] = rid
+                events.append(PageAllocated(req.scope, req.version, rid, bid, idx))
+                allocations.append((req, bid, idx))
+            req.block_ids = ids
+            for idx in range(start // bs, (end - 1) // bs + 1):
+                completes = end >= (idx + 1) * bs
+                events.append(WriteAttempted(req.scope, req.version, rid, ids[idx], completes))
+                writes.append((ids[idx], completes))
+        if not events:
+            return
+        commands = self._decide(events)
+        for req, bid, idx in allocations:
+            self.ledger.retain(bid, req.scope, req.version, req.rid, idx, req.salt)
+            req.pages.append(bid)
+        self._run(commands)
+        self._completed.extend(bid for bid, completes in writes if completes)
+
+    def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
+        """The commit gate: one COMMIT frame per scheduled managed request; returns the requests
+        whose commit was dropped."""
+        frames: list[tuple[str, FrameArrived]] = []
+        for rid in scheduler_output.num_scheduled_tokens:
+            req = self.reqs.get(rid)
+            if req is not None:
+                frame = next(self._frame_ids)
+                frames.append((rid, FrameArrived(req.scope, req.version, frame, FrameKind.COMMIT)))
+        if not frames:
+            return set()
+        commands = self._decide([f for _, f in frames])
+        dropped = {c.frame for c in commands if isinstance(c, Drop)}
+        self._run(commands)
+        refused = {rid for rid, f in frames if f.frame in dropped}
+        self._fencing |= refused  # finished by the commit path, closed by the deferred Fence
+        return refused
+
+    def after_commit(self, outputs: dict[int, Any]) -> None:
+        """Close the writers of the blocks the step filled, gate each managed output at the engine
+        boundary (a dropped one is removed: it never leaves this process), close finished
+        requests, then carry out what the step boundary deferred."""
+        self._in_step = False
+        if self._completed:
+            completed, self._completed = self._completed, []
+            todo = [b for b in dict.fromkeys(completed) if self._writer_open(b)]
+            self._close_writers(todo)
+        if self.reqs:
+            self._gate_outputs(outputs)
+        self._fencing.clear()
+        if self._deferred_reports:
+            reports, self._deferred_reports = self._deferred_reports, []
+            for cmd in reports:
+                self._report(cmd)
+            self._run([])
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            self._run(deferred)
+
+    def on_finished_outside(self, requests: Iterable[Any]) -> None:
+        """vLLM finished managed requests on its own (the API process aborted them: the client
+        went away): their writers close and their participants deliver receipts."""
+        for request in requests:
+            req = self.reqs.get(request.request_id)
+            if req is not None and request.request_id not in self._fencing:
+                self._close_request(req, req.participants)
+
+    # ---- the engine boundary --------------------------------------------------------------------
+
+    def _gate_outputs(self, outputs: dict[int, Any]) -> None:
+        frames: list[tuple[Any, Any, FrameArrived]] = []
+        for eco in outputs.values():
+            for out in eco.outputs:
+                req = self.reqs.get(out.request_id)
+                if req is None or (not out.new_token_ids and out.finish_reason is None):
+                    continue
+                if wire.fence_reason(out.stop_reason) is not None:
+                    continue  # a fence's terminal output: already decided
+                frame = FrameArrived(req.scope, req.version, next(self._frame_ids), FrameKind.TOKEN)
+                frames.append((eco, out, frame))
+        if not frames:
+            return
+        commands = self._decide([f for _, _, f in frames])
+        dropped = {c.frame for c in commands if isinstance(c, Drop)}
+        self._run(commands)
+        finished: list[ManagedRequest] = []
+        for eco, out, frame in frames:
+            if frame.frame in dropped:
+                eco.outputs.remove(out)
+                self._count("frames_dropped_engine", len(out.new_token_ids))
+                continue
+            if out.finish_reason is not None:
+                req = self.reqs.get(out.request_id)
+                if req is not None:
+                    finished.append(req)
+        for req in finished:
+            self._close_request(req, req.participants)
+
+    # ---- the executor ---------------------------------------------------------------------------
+
+    def _decide(self, events: list[Event]) -> list[Command]:
+        return self.core.handle_batch(events)  # raises (and changes nothing) on bad input
+
+    def _run(self, commands: Iterable[Command]) -> None:
+        """Carry out commands in order. Not re-entrant: commands that events reported while
+        carrying them out produce are queued behind them."""
+        self._queue.extend(commands)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._queue:
+                cmd = self._queue.pop(0)
+                handler = _HANDLERS.get(type(cmd))
+                if handler is not None:
+                    handler(self, cmd)
+        finally:
+            self._draining = False
+            self._queue.clear()
+
+    def _on_fence(self, cmd: Fence) -> None:
+        if self._in_step:
+            self._deferred.append(cmd)
+            return
+        self._count("fences")
+        record = self.core.state.scopes[cmd.scope]
+        reason = (
+            wire.FINISH_CANCELLED
+            if record.state is ScopeState.CANCELLED
+            else wire.FINISH_SUPERSEDED
+        )
+        by_request: dict[str, list[str]] = {}
+        for participant in cmd.participants:
+            by_request.setdefault(self.by_participant[participant], []).append(participant)
+        for rid, participants in by_request.items():
+            req = self.reqs[rid]
+            req.fenced = True
+            self._finish_from_here(rid, req.client_index, reason)
+            self._close_request(req, tuple(participants))
+
+    def _on_fence_write(self, cmd: FenceWrite) -> None:
+        raise IsolationError(
+            f"the core fenced a write of {cmd.participant} into block {cmd.page} ({cmd.reason}); "
+            "vLLM cannot stop a scheduled write"
+        )
+
+    def _on_pin(self, cmd: PinCertified) -> None:
+        for entry in cmd.certificate.entries:
+            self.ledger.pin(entry.page)
+        self._count("pins", len(cmd.certificate.entries))
+        if self._in_step:
+            self._deferred_reports.append(cmd)  # the byte check runs at the step boundary
+            return
+        self._report(cmd)
+
+    def _report(self, cmd: PinCertified) -> None:
+        cert = cmd.certificate
+        pages = list(cert.pages)
+        digests = self.read_digests(pages)
+        report = tuple(PageDigest(p, digests[p]) for p in pages)
+        self._queue.extend(self._decide([AdoptionReport(cert.scope, cert.version, report)]))
+
+    def _on_adopt(self, cmd: Adopt) -> None:
+        for page in cmd.pages:
+            self.ledger.adopt(page, cmd.scope, cmd.version)
+        self._count("adopted_blocks", len(cmd.pages))
+
+    def _on_unpin(self, cmd: Unpin) -> None:
+        failed = cmd.reason in VERIFICATION_FAILURES
+        for page in cmd.pages:
+            self.ledger.unpin(page, evict=failed)
+        if failed:
+            self._count("verification_failures", len(cmd.pages))
+
+    def _on_admit(self, cmd: Admit) -> None:
+        info = self.scopes.get(cmd.scope)
+        tenant = info.tenant if info is not None else self.core.scope(cmd.scope).tenant
+        refs = self.ledger.refs
+        adopted = tuple(
+            sorted(
+                (p for p, r in refs.items() if r.scope == cmd.scope and r.version == cmd.version),
+                key=lambda p: refs[p].position,
+            )
+        )[: cmd.adopted_blocks]
+        if len(adopted) != cmd.adopted_blocks:
+            raise IntegrationError(
+                f"Admit {cmd.scope}@{cmd.version} with {cmd.adopted_blocks} adopted blocks, "
+                f"{len(adopted)} handed over"
+            )
+        if adopted:
+            salts = {refs[p].salt for p in adopted}
+            if len(salts) != 1:
+                raise IntegrationError(f"adopted pages of {cmd.scope} mix cache salts {salts}")
+            salt = salts.pop()
+        else:
+            salt = f"retire:{tenant}:{cmd.scope}:{next(self._salts)}"
+        key = (cmd.scope, cmd.version)
+        self.admissions[key] = Admission(cmd.scope, cmd.version, salt, adopted, cmd.cold)
+        if info is not None:
+            info.adopted_blocks[cmd.version] = cmd.adopted_blocks
+        self._count("recomputed_or_cold" if cmd.cold else "warm_admissions")
+        future = self.opening.pop(key, None)
+        if future is not None:
+            future.set_result(
+                {
+                    "ok": True,
+                    "version": cmd.version,
+                    "salt": salt,
+                    "adopted_blocks": cmd.adopted_blocks,
+                    "cold": cmd.cold,
+                }
+            )
+
+    def _on_free(self, cmd: Free) -> None:
+        for ref in self.ledger.free(cmd.pages):
+            req = self.reqs.get(ref.request)
+            if req is not None and ref.block in req.pages:
+                req.pages.remove(ref.block)
+        self._forget_closed_requests()
+
+    # ---- requests, writers, receipts ------------------------------------------------------------
+
+    def _finish_from_here(self, rid: str, client_index: int, reason: str) -> None:
+        """Finish a request in the scheduler and send the API process its terminal output, which
+        names the fence (the stream ends with ``reason``; nothing buffered is delivered)."""
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+        from vllm.v1.request import RequestStatus
+
+        request = self.scheduler.requests.get(rid)
+        if request is not None and not request.is_finished():
+            self._fencing.add(rid)
+            try:
+                self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+            finally:
+                self._fencing.discard(rid)
+        terminal = EngineCoreOutput(
+            request_id=rid,
+            new_token_ids=[],
+            finish_reason=FinishReason.ABORT,
+            stop_reason=wire.STOP_MARK + reason,
+        )
+        self.engine_core.output_queue.put_nowait(
+            (client_index, EngineCoreOutputs(outputs=[terminal]))
+        )
+
+    def _close_request(self, req: ManagedRequest, participants: Sequence[str]) -> None:
+        for page in list(req.handoff_pins):
+            self.ledger.release_handoff(page)
+        req.handoff_pins.clear()
+        self._close_writers([p for p in req.pages if self._writer_open(p)])
+        todo = [p for p in participants if p not in req.closed]
+        ranks = [p for p in todo if p != req.rid]
+        if ranks:
+            answers = self.executor.collective_rpc(worker_fence_receipt, args=(req.block_ids,))
+            answered = {f"{req.rid}/rank{int(a['rank'])}" for a in answers}
+            if set(ranks) - answered:
+                raise IntegrationError(f"no receipt from {sorted(set(ranks) - answered)}")
+            self._count("rank_receipts", len(answers))
+        for participant in [*ranks, *(p for p in todo if p == req.rid)]:
+            req.closed.add(participant)
+            self._run(self._decide([Receipt(req.scope, req.version, participant)]))
+        self._forget_closed_requests()
+
+    def _writer_open(self, block: int) -> bool:
+        ref = self.ledger.refs.get(block)
+        return ref is not None and ref.writer_open
+
+    def _close_writers(self, blocks: list[int]) -> None:
+        if not blocks:
+            return
+        events: list[Event] = []
+        for block, digest in self.read_digests(blocks).items():
+            self.ledger.refs[block].writer_open = False
+            events.append(WriterClosed(block, digest))
+        self._run(self._decide(events))
+
+    def _forget_closed_requests(self) -> None:
+        for rid in [
+            rid
+            for rid, r in self.reqs.items()
+            if len(r.closed) == len(r.participants) and not r.pages and not r.handoff_pins
+        ]:
+            for p in self.reqs.pop(rid).participants:
+                self.by_participant.pop(p, None)
+
+    def read_digests(self, pages: Sequence[int]) -> dict[int, str]:
+        ids = sorted(set(pages))
+        if not ids:
+            return {}
+        per_rank = self.executor.collective_rpc(ix.worker_block_digests, args=(ids,))
+        if len(per_rank) == 1:
+            return {p: _lookup(per_rank[0], p) for p in ids}
+        return {
+            p: hashlib.sha256("|".join(_lookup(r, p) for r in per_rank).encode()).hexdigest()
+            for p in ids
+        }
+
+    # ---- prefix hits of admitted versions -------------------------------------------------------
+
+    def _restrict_prefix_hit(self, req: ManagedRequest, request: Any) -> None:
+        """Before the request can be scheduled: its prefix hit must be exactly its adopted blocks;
+        any other cached block on its hash chain is evicted from the prefix cache."""
+        for i, h in enumerate(request.block_hashes):
+            hit = self.pool.get_cached_block(h, [0])
+            if i < len(req.adopted):
+                if hit is None or hit[0].block_id != req.adopted[i]:
+                    raise IntegrationError(
+                        f"adopted block {req.adopted[i]} of {req.rid} is not its prefix-cache "
+                        f"entry {i}"
+                    )
+            elif hit is not None:
+                self.pool.evict_blocks({hit[0].block_id})
+                self._count("uncertified_hashes_evicted")
+
+    def _check_prefix_hit(self, req: ManagedRequest, ids: list[int], start: int) -> None:
+        n = len(req.adopted)
+        if start != n * self.block_size or tuple(ids[:n]) != req.adopted:
+            raise IntegrationError(
+                f"{req.rid}: vLLM's prefix hit is {start} tokens / blocks {ids[: max(n, 1)]}, "
+                f"the core adopted {n} blocks {list(req.adopted)}"
+            )
+        for page in req.handoff_pins:
+            self.ledger.release_handoff(page)
+        req.handoff_pins.clear()
+
+    def _on_blocks_handed_out(self, ids: list[int]) -> None:
+        """A block id the ledger still retains went to a new owner underneath the core."""
+        for bid in ids:
+            if bid in self.ledger.refs and bid in self.core.state.pages:
+                page = self.core.state.pages[bid]
+                if page.held or not page.full:
+                    raise IntegrationError(f"block {bid} was recycled while retained")
+                self._count("pages_reused")
+                self._run(self._decide([PageReused(bid)]))
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+
+_HANDLERS: dict[type, Any] = {
+    Fence: EngineSide._on_fence,
+    FenceWrite: EngineSide._on_fence_write,
+    PinCertified: EngineSide._on_pin,
+    Adopt: EngineSide._on_adopt,
+    Unpin: EngineSide._on_unpin,
+    Admit: EngineSide._on_admit,
+    Free: EngineSide._on_free,
+}
+
+
+def _lookup(digests: dict[Any, str], page: int) -> str:
+    value = digests.get(page)
+    return value if value is not None else digests[str(page)]

@@ -1,0 +1,166 @@
+"""``RetireAsyncLLM``: vLLM's ``AsyncLLM`` with scopes, in the API process.
+
+A request that names a scope (``vllm_xargs`` ``retire_scope``/``retire_tenant``, or the
+``X-Retire-Scope``/``X-Retire-Tenant`` headers through ``http``) is opened at the authority in the
+engine-core process first (one utility call: ``Submit`` for a new scope, ``Supersede`` for a live
+one). The reply comes once the version is admitted and names the cache salt its request must run
+under; only then is the request added, stamped with its version. Requests without a scope are
+served exactly as ``AsyncLLM`` serves them.
+
+This process decides nothing. It carries out the authority's fences on its streams: a fenced
+version's terminal output (sent by the engine side before the reply to the revision that fenced
+it, on the same ordered socket) ends the stream with ``finish_reason`` ``"superseded"`` or
+``"cancelled"``, and whatever that output carries, or any output still buffered behind the fence,
+is discarded; a reply that names fenced versions marks their streams at once, so a chunk taken
+from a stream's buffer after the revision was accepted is never handed to the caller.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import attrs
+
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from . import wire
+
+
+@attrs.define
+class RequestContext:
+    """One HTTP request's scope (from headers) and, once opened, its version (for stamping)."""
+
+    scope: str | None = None
+    tenant: str | None = None
+    opened_scope: str | None = None
+    version: int | None = None
+    fence: str | None = None  # the finish reason the stream ended with, when fenced
+    error: wire.ScopeRequestError | None = None
+
+
+#: Set by ``http.RetireMiddleware`` around each generation request.
+CONTEXT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "retire_request", default=None
+)
+
+
+@attrs.define
+class _Stream:
+    fence: str | None = None
+
+
+class RetireAsyncLLM(AsyncLLM):
+    _retire_streams: dict[tuple[str, int], _Stream]
+
+    async def retire(self, op: str, **payload: Any) -> dict[str, Any]:
+        """One operation at the authority; raises ``ScopeRequestError`` when it is refused."""
+        answer = await self.engine_core.call_utility_async(wire.UTILITY, op, payload)
+        answer = wire.raise_if_refused(answer)
+        self._carry_out_fences(str(payload.get("scope", "")), answer.get("fenced", ()))
+        return answer
+
+    def _carry_out_fences(self, scope: str, versions: Any) -> None:
+        streams = self.__dict__.setdefault("_retire_streams", {})
+        for version in versions:
+            stream = streams.get((scope, int(version)))
+            if stream is not None and stream.fence is None:
+                stream.fence = wire.FINISH_SUPERSEDED  # the engine's terminal output says which
+
+    async def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any
+    ) -> AsyncGenerator[Any, None]:
+        ctx = CONTEXT.get()
+        args = dict(sampling_params.extra_args or {})
+        scope = args.get(wire.XARG_SCOPE) or (ctx.scope if ctx is not None else None)
+        if scope is None:
+            async for out in super().generate(prompt, sampling_params, request_id, **kwargs):
+                yield out
+            return
+        try:
+            tenant = args.get(wire.XARG_TENANT) or (ctx.tenant if ctx else None)
+            answer = await self._open(
+                str(scope), tenant or wire.DEFAULT_TENANT, prompt, args, sampling_params
+            )
+        except wire.ScopeRequestError as err:
+            if ctx is not None:
+                ctx.error = err
+            raise
+        version = int(answer["version"])
+        if ctx is not None:
+            ctx.opened_scope, ctx.version = str(scope), version
+        if "fence" in answer:  # revised or cancelled before it was admitted: it ran nothing
+            if ctx is not None:
+                ctx.fence = str(answer["fence"])
+            yield _terminal(request_id, prompt, str(answer["fence"]))
+            return
+        params = sampling_params.clone()
+        params.extra_args = {**args, wire.XARG_SCOPE: str(scope), wire.XARG_VERSION: version}
+        prompt = {**prompt, "cache_salt": answer["salt"]}
+        streams = self.__dict__.setdefault("_retire_streams", {})
+        key = (str(scope), version)
+        stream = streams[key] = _Stream()
+        try:
+            fence: str | None = None
+            async for out in super().generate(prompt, params, request_id, **kwargs):
+                completion = out.outputs[0]
+                if out.finished:
+                    fence = wire.fence_reason(completion.stop_reason) or fence
+                fence = fence or stream.fence
+                if fence is None:
+                    yield out
+                elif out.finished:  # the fence's terminal output: nothing of it is published
+                    if ctx is not None:
+                        ctx.fence = fence
+                    completion.token_ids = []
+                    completion.text = ""
+                    completion.logprobs = None
+                    completion.finish_reason = fence
+                    completion.stop_reason = None
+                    yield out
+        finally:
+            streams.pop(key, None)
+
+    async def _open(
+        self, scope: str, tenant: str, prompt: Any, args: dict[str, Any], params: Any
+    ) -> dict[str, Any]:
+        if wire.XARG_VERSION in args:
+            raise wire.ScopeRequestError(
+                "MalformedIdError", f"{wire.XARG_VERSION} is set by the server, not by a client"
+            )
+        if not isinstance(prompt, dict) or "prompt_token_ids" not in prompt:
+            raise wire.ScopeRequestError(
+                "ContractError", "a scoped request needs a token prompt (text or token ids)"
+            )
+        if getattr(params, "n", 1) != 1:
+            raise wire.ScopeRequestError("ContractError", "a scoped request generates n=1")
+        return await self.retire(
+            "open",
+            scope=scope,
+            tenant=tenant,
+            prompt_token_ids=list(prompt["prompt_token_ids"]),
+            greedy=float(params.temperature) == 0.0,
+        )
+
+
+def _terminal(request_id: str, prompt: Any, reason: str) -> Any:
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    return RequestOutput(
+        request_id=request_id,
+        prompt=None,
+        prompt_token_ids=list(prompt.get("prompt_token_ids", ())),
+        prompt_logprobs=None,
+        outputs=[
+            CompletionOutput(
+                index=0,
+                text="",
+                token_ids=[],
+                cumulative_logprob=None,
+                logprobs=None,
+                finish_reason=reason,
+            )
+        ],
+        finished=True,
+    )

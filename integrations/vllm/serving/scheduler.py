@@ -1,0 +1,68 @@
+"""``RetireServingScheduler``: the scheduler class ``retire serve`` gives vLLM's engine core.
+
+Loaded by qualified name (``--scheduler-cls retire_vllm.serving.scheduler.
+RetireServingScheduler``) inside the engine-core process, it builds the ``EngineSide`` (the
+version authority) and hands it the scheduler's observation points: a request added, the
+schedule (pause, allocations, the write gate), the commit (the commit gate), the step's outputs
+(writer closures, the engine-boundary gate, finished requests) and requests finished from
+outside (vLLM's abort when a client goes away). Requests without a scope pass untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..scheduler import RetireScheduler, commit_without
+from . import wire
+from .engine_side import EngineSide
+
+
+class RetireServingScheduler(RetireScheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.retire_side = EngineSide(self)
+        self.retire_hooks = self.retire_side
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        self.retire_side.on_add_request(request)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        side = self.retire_side
+        if not side.attached:
+            return super(RetireScheduler, self).update_from_output(
+                scheduler_output, model_runner_output
+            )
+        refused = side.before_commit(self, scheduler_output)
+        outputs = commit_without(
+            self,
+            refused,
+            lambda: super(RetireScheduler, self).update_from_output(
+                scheduler_output, model_runner_output
+            ),
+            stop_reason=wire.STOP_MARK + wire.FINISH_SUPERSEDED,
+        )
+        side.after_commit(outputs)
+        return outputs
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Any]:
+        finished: list[Any] = super().finish_requests(request_ids, finished_status)
+        if finished and self.retire_side.attached:
+            self.retire_side.on_finished_outside(finished)
+        return finished
+
+    def schedule(self, throttle_prefills: bool = False) -> Any:
+        if not self.retire_side.attached:
+            return super(RetireScheduler, self).schedule(throttle_prefills)
+        return super().schedule(throttle_prefills)
+
+
+def managed(requests: Iterable[Any]) -> list[str]:
+    """Ids of the requests that carry a Retire version (tests)."""
+    out = []
+    for r in requests:
+        args = r.sampling_params.extra_args if r.sampling_params else None
+        if args and wire.XARG_VERSION in args:
+            out.append(r.request_id)
+    return out

@@ -1,0 +1,75 @@
+"""What crosses the process boundary between the API process and the engine-core process.
+
+The names of the request arguments that put a request under a scope, the one utility method and
+its operations, the marker a fence's terminal output carries, the finish reasons a client sees,
+and how a refusal travels back (an error dict, never an exception) and becomes an HTTP error in
+OpenAI's format. Nothing here decides protocol: errors are the core's typed errors, classified
+by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: ``vllm_xargs`` keys a client sends (``extra_body={"vllm_xargs": {...}}``).
+XARG_SCOPE = "retire_scope"
+XARG_TENANT = "retire_tenant"
+#: Set by the API process once the authority admitted the version (never by a client).
+XARG_VERSION = "retire_version"
+#: Headers that do the same as the two ``vllm_xargs`` keys.
+HEADER_SCOPE = "x-retire-scope"
+HEADER_TENANT = "x-retire-tenant"
+DEFAULT_TENANT = "default"
+#: Response header of a scoped request: the version it runs as (sent once it is admitted).
+HEADER_VERSION = "x-retire-version"
+
+#: The ``EngineCore`` utility method the plugin installs, and its operations.
+UTILITY = "retire_call"
+OPS = ("attach", "open", "pause", "unpause", "cancel", "status", "leaks", "release_all")
+
+#: A fence's terminal output carries ``stop_reason = STOP_MARK + finish reason``.
+STOP_MARK = "retire:"
+FINISH_SUPERSEDED = "superseded"
+FINISH_CANCELLED = "cancelled"
+
+#: HTTP status and OpenAI error ``code`` for each refusal (by the core error's class name).
+_STATUS: dict[str, tuple[int, str]] = {
+    "MalformedIdError": (400, "invalid_scope_request"),
+    "ContractError": (400, "contract_not_inheritable"),
+    "UnknownScopeError": (404, "scope_not_found"),
+    "TenantMismatchError": (403, "scope_of_another_tenant"),
+    "ScopeCancelledError": (409, "scope_cancelled"),
+    "IllegalTransitionError": (409, "illegal_scope_transition"),
+    "ScopeExistsError": (409, "scope_exists"),
+}
+
+
+class ScopeRequestError(ValueError):
+    """A scope request the authority refused; nothing changed in the core or the engine."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status, self.code = _STATUS.get(kind, (400, "invalid_scope_request"))
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error format."""
+        return {"error": {"message": str(self), "type": self.kind, "code": self.code}}
+
+
+def refusal(err: Exception) -> dict[str, Any]:
+    """The answer the engine side sends for a refused operation."""
+    return {"ok": False, "error": type(err).__name__, "message": str(err)}
+
+
+def raise_if_refused(answer: dict[str, Any]) -> dict[str, Any]:
+    if not answer.get("ok", False):
+        raise ScopeRequestError(str(answer.get("error")), str(answer.get("message")))
+    return answer
+
+
+def fence_reason(stop_reason: object) -> str | None:
+    """The finish reason a fence's terminal output stands for, or None for any other output."""
+    if isinstance(stop_reason, str) and stop_reason.startswith(STOP_MARK):
+        return stop_reason[len(STOP_MARK) :]
+    return None

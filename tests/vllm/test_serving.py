@@ -1,0 +1,451 @@
+"""``retire serve``: vLLM's own OpenAI server with Retire, driven by the real ``openai`` client.
+
+One ``retire serve`` and one stock vLLM server (same model and engine settings) run as real
+processes on 127.0.0.1 for the module. Every test cancels its scopes and then asks the server
+what is left (``check_clean``); closing the module's server validates its whole core log against
+the spec. The publication trials run the same slow-reader application against both servers:
+against stock vLLM the application revises by closing the old stream (vLLM aborts it) and the
+count of old tokens it still reads is reported; against Retire it must read none after the
+revision was accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from retire_bench.servers import RetireServer, StockServer
+from retire_vllm.client import ScopeReader, scoped, stamp
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def retire_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
+    server = RetireServer(tmp_path_factory.mktemp("retire-serve"))
+    try:
+        yield server
+    finally:
+        verdict = server.close()
+    assert "valid" in verdict
+
+
+@pytest.fixture(scope="module")
+def stock_server(
+    tmp_path_factory: pytest.TempPathFactory, retire_server: RetireServer
+) -> Iterator[StockServer]:
+    server = StockServer(tmp_path_factory.mktemp("stock-serve"), retire_server.model)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(retire_server: RetireServer) -> Iterator[openai.OpenAI]:
+    c = openai.OpenAI(base_url=f"{retire_server.base}/v1", api_key="none", max_retries=0)
+    yield c
+    c.close()
+    retire_server.check_clean()
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 2000) for _ in range(n)]
+
+
+def complete(c: Any, model: str, tokens: list[int], max_tokens: int, **body: Any) -> Any:
+    return c.completions.create(
+        model=model,
+        prompt=tokens,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True, **body},
+    )
+
+
+def cancel(server: RetireServer, scope: str, tenant: str | None = None) -> httpx.Response:
+    headers = {"x-retire-tenant": tenant} if tenant else {}
+    return httpx.post(f"{server.base}/v1/scopes/{scope}/cancel", headers=headers)
+
+
+def status(server: RetireServer, scope: str, tenant: str | None = None) -> httpx.Response:
+    headers = {"x-retire-tenant": tenant} if tenant else {}
+    return httpx.get(f"{server.base}/v1/scopes/{scope}", headers=headers)
+
+
+# --- requests without a scope, and the handoff ----------------------------------------------------
+
+
+def test_unscoped_requests_are_served_as_stock_vllm_serves_them(
+    client: openai.OpenAI, retire_server: RetireServer, stock_server: StockServer
+) -> None:
+    stock = openai.OpenAI(base_url=f"{stock_server.base}/v1", api_key="none")
+    tokens = prompt(1, 100)
+    ours = complete(client, retire_server.model, tokens, 12)
+    theirs = complete(stock, stock_server.model, tokens, 12)
+    assert ours.choices[0].text == theirs.choices[0].text
+    assert stamp(ours) is None  # nothing of Retire's in an unscoped response
+    assert ours.choices[0].finish_reason == "length"
+
+
+def test_revision_inherits_the_certified_prefix_and_equals_a_cold_run(
+    client: openai.OpenAI, retire_server: RetireServer, stock_server: StockServer
+) -> None:
+    stock = openai.OpenAI(base_url=f"{stock_server.base}/v1", api_key="none")
+    base = prompt(2, 200)
+    first = complete(client, retire_server.model, base, 8, **scoped("handoff"))
+    assert stamp(first) == ("handoff", 0)
+    revised = [*base[:170], *prompt(3, 40)]  # shares 170 tokens: 5 full blocks
+    second = complete(client, retire_server.model, revised, 16, **scoped("handoff"))
+    assert stamp(second) == ("handoff", 1)
+    cold = complete(stock, stock_server.model, revised, 16)
+    assert second.choices[0].text == cold.choices[0].text
+    assert second.usage.prompt_tokens_details.cached_tokens == 5 * BLOCK
+    info = status(retire_server, "handoff").json()
+    assert info["version"] == 1 and info["adopted_blocks"] == 5
+    assert cancel(retire_server, "handoff").status_code == 200
+
+
+def test_handoff_survives_cache_pressure_from_other_requests(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    base = prompt(4, 256)
+    complete(client, retire_server.model, base, 4, **scoped("pressure"))
+    # Other traffic: far more distinct blocks than the pool holds (1,023 usable blocks).
+    for i in range(12):
+        complete(client, retire_server.model, prompt(100 + i, 3000), 1)
+    revised = [*base[:224], *prompt(5, 20)]
+    after = complete(client, retire_server.model, revised, 4, **scoped("pressure"))
+    assert after.usage.prompt_tokens_details.cached_tokens == 7 * BLOCK
+    assert cancel(retire_server, "pressure").status_code == 200
+
+
+# --- the publication trials -----------------------------------------------------------------------
+
+
+def _reader(stream: Any, out: queue.Queue[Any]) -> None:
+    """A reader task feeding the application's queue, as agent UIs have it."""
+    try:
+        for chunk in stream:
+            out.put(chunk)
+    except Exception:  # the stream was closed under it (stock arm)
+        pass
+    out.put(None)
+
+
+def _trial(base: str, model: str, seed: int, trial: int, with_retire: bool) -> dict[str, int]:
+    """One slow-reader trial: the application reads the old stream through a queue, revises
+    after ``k`` chunks, and keeps reading what it has. Returns the old tokens it read after the
+    revision was accepted, and (Retire) what the reader dropped."""
+    rng = random.Random(seed * 1000 + trial)
+    c = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    scope = f"trial-{seed}-{trial}"
+    tokens = prompt(seed * 1000 + trial, 96)
+    body: dict[str, Any] = {"ignore_eos": True}
+    if with_retire:
+        body.update(scoped(scope))
+    old = c.completions.create(
+        model=model, prompt=tokens, max_tokens=1500, temperature=0, stream=True, extra_body=body
+    )
+    q: queue.Queue[Any] = queue.Queue()
+    reader = threading.Thread(target=_reader, args=(old, q), daemon=True)
+    reader.start()
+    app = ScopeReader()
+    if with_retire:
+        app.accept_response(scope, old)
+    k = rng.randrange(2, 7)
+    for _ in range(k):
+        chunk = q.get(timeout=60)
+        assert chunk is not None
+        time.sleep(0.02)  # the slow consumer
+    revised = [*tokens, *prompt(seed * 1000 + trial + 1, 8)]
+    if not with_retire:
+        old.close()  # what users do today: close the old stream, submit the new request
+    new = c.completions.create(
+        model=model, prompt=revised, max_tokens=4, temperature=0, stream=True, extra_body=body
+    )
+    if with_retire:
+        assert app.accept_response(scope, new) == 1  # accepted: headers come after admission
+    read_after = 0
+    while True:
+        try:  # Retire: up to the old stream's end; stock: what the reader still hands on
+            chunk = q.get(timeout=60 if with_retire else 1.0)
+        except queue.Empty:
+            break
+        if chunk is None:
+            break
+        if app.admit(chunk):
+            read_after += len(chunk.choices[0].text) if chunk.choices else 0
+    finals = [ch for ch in new if ch.choices]
+    assert finals[-1].choices[0].finish_reason == "length"
+    if with_retire:
+        assert all(stamp(ch) == (scope, 1) for ch in finals)
+        httpx.post(f"{base}/v1/scopes/{scope}/cancel").raise_for_status()
+    c.close()
+    return {"old_chars_read_after": read_after, "dropped": app.dropped}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_no_old_token_is_read_after_the_revision_is_accepted(
+    seed: int, retire_server: RetireServer, stock_server: StockServer
+) -> None:
+    retire = [_trial(retire_server.base, retire_server.model, seed, t, True) for t in range(9)]
+    stock = [_trial(stock_server.base, stock_server.model, seed, t, False) for t in range(9)]
+    assert sum(r["old_chars_read_after"] for r in retire) == 0
+    print(
+        f"seed {seed}: stock vLLM (client closes the old stream): "
+        f"{sum(r['old_chars_read_after'] for r in stock)} old characters read after the "
+        f"revision in 9 trials; Retire: 0 (the reader dropped {sum(r['dropped'] for r in retire)} "
+        "chunks already on the wire)"
+    )
+    retire_server.check_clean()
+
+
+def test_the_old_stream_ends_at_once_with_superseded(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    model = retire_server.model
+    old = client.completions.create(
+        model=model,
+        prompt=prompt(6, 64),
+        max_tokens=3500,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped("ends")},
+    )
+    it = iter(old)
+    next(it)
+    # Paused, the old version cannot reach its end whatever the machine's speed.
+    httpx.post(f"{retire_server.base}/v1/scopes/ends/pause").raise_for_status()
+    complete(client, model, prompt(7, 64), 2, **scoped("ends"))
+    rest = list(it)
+    assert rest[-1].choices[0].finish_reason == "superseded"
+    assert rest[-1].choices[0].text == ""
+    assert {stamp(ch) for ch in rest} == {("ends", 0)}
+    produced = sum(len(ch.choices[0].text) for ch in rest if ch.choices)
+    assert produced < 3500  # it did not run to its end
+    assert cancel(retire_server, "ends").status_code == 200
+
+
+# --- races ----------------------------------------------------------------------------------------
+
+
+async def _stream(c: openai.AsyncOpenAI, model: str, scope: str, tokens: list[int], n: int) -> Any:
+    s = await c.completions.create(
+        model=model,
+        prompt=tokens,
+        max_tokens=n,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped(scope)},
+    )
+    chunks = [ch async for ch in s]
+    return stamp(chunks[-1]), chunks[-1].choices[0].finish_reason
+
+
+def test_five_revisions_within_50_ms_and_concurrent_scopes(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    async def run() -> list[Any]:
+        c = openai.AsyncOpenAI(base_url=f"{retire_server.base}/v1", api_key="none")
+        tasks = []
+        for i in range(5):  # one scope, five versions in quick succession
+            tasks.append(
+                asyncio.create_task(
+                    _stream(c, retire_server.model, "burst", prompt(10 + i, 80), 32)
+                )
+            )
+            await asyncio.sleep(0.01)
+        for s in range(3):  # three more scopes, two revisions each, interleaved
+            for v in range(2):
+                tasks.append(
+                    asyncio.create_task(
+                        _stream(c, retire_server.model, f"conc-{s}", prompt(20 + 2 * s + v, 70), 24)
+                    )
+                )
+        results = await asyncio.gather(*tasks)
+        await c.close()
+        return list(results)
+
+    results = asyncio.run(run())
+    burst = results[:5]
+    assert sorted(v for (_, v), _ in burst) == [0, 1, 2, 3, 4]
+    finished = [v for (_, v), reason in burst if reason == "length"]
+    assert finished == [4]
+    assert all(reason == "superseded" for (_, v), reason in burst if v != 4)
+    for s in range(3):
+        mine = [r for r in results[5:] if r[0][0] == f"conc-{s}"]
+        assert sorted(reason for _, reason in mine) == ["length", "superseded"]
+    for scope in ["burst", "conc-0", "conc-1", "conc-2"]:
+        assert cancel(retire_server, scope).status_code == 200
+
+
+# --- the scope API --------------------------------------------------------------------------------
+
+
+def test_pause_resume_cancel_and_status(client: openai.OpenAI, retire_server: RetireServer) -> None:
+    model = retire_server.model
+    complete(client, model, prompt(30, 70), 4, **scoped("api"))
+    info = status(retire_server, "api").json()
+    assert info["state"] == "active" and info["version"] == 0 and info["receipts_outstanding"] == 0
+    assert httpx.post(f"{retire_server.base}/v1/scopes/api/pause").json()["state"] == "paused"
+    again = httpx.post(f"{retire_server.base}/v1/scopes/api/pause")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "illegal_scope_transition"
+    assert httpx.post(f"{retire_server.base}/v1/scopes/api/resume").json()["state"] == "active"
+    assert cancel(retire_server, "api").json()["state"] == "cancelled"
+    gone = complete_error(client, model, scoped("api"))
+    assert gone.status_code == 409 and gone.body["error"]["code"] == "scope_cancelled"
+
+
+def test_a_disconnected_client_ends_its_version_and_the_scope_stays_live(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    model = retire_server.model
+    base = prompt(40, 150)
+    old = client.completions.create(
+        model=model,
+        prompt=base,
+        max_tokens=300,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped("gone")},
+    )
+    next(iter(old))
+    old.close()  # the client goes away
+    deadline = time.monotonic() + 10
+    while (
+        status(retire_server, "gone").json()["receipts_outstanding"] and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    info = status(retire_server, "gone").json()
+    assert info["state"] == "active" and info["version"] == 0
+    assert info["receipts_outstanding"] == 0
+    after = complete(client, model, [*base, 7, 8, 9], 4, **scoped("gone"))
+    assert after.usage.prompt_tokens_details.cached_tokens == (len(base) // BLOCK) * BLOCK
+    assert cancel(retire_server, "gone").status_code == 200
+
+
+def test_two_tenants_share_no_page(client: openai.OpenAI, retire_server: RetireServer) -> None:
+    model = retire_server.model
+    base = prompt(50, 130)
+    for tenant in ("acme", "globex"):
+        complete(client, model, base, 4, **scoped(f"t-{tenant}", tenant))
+    pages = {t: set(status(retire_server, f"t-{t}", t).json()["pages"]) for t in ("acme", "globex")}
+    assert pages["acme"] and pages["globex"] and not pages["acme"] & pages["globex"]
+    for tenant in ("acme", "globex"):
+        again = complete(client, model, [*base, 1, 2], 4, **scoped(f"t-{tenant}", tenant))
+        assert again.usage.prompt_tokens_details.cached_tokens == 4 * BLOCK
+        now = set(status(retire_server, f"t-{tenant}", tenant).json()["pages"])
+        other = "globex" if tenant == "acme" else "acme"
+        assert not now & pages[other]
+    stolen = complete_error(client, model, scoped("t-acme", "globex"))
+    assert stolen.status_code == 403
+    assert status(retire_server, "t-acme", "globex").status_code == 403
+    for tenant in ("acme", "globex"):
+        assert cancel(retire_server, f"t-{tenant}", tenant).status_code == 200
+
+
+class _Error:
+    def __init__(self, status_code: int, body: dict[str, Any]) -> None:
+        self.status_code, self.body = status_code, body
+
+
+def complete_error(c: openai.OpenAI, model: str, body: dict[str, Any], **kw: Any) -> _Error:
+    try:
+        c.completions.create(
+            model=model,
+            prompt=[5, 6, 7],
+            max_tokens=2,
+            temperature=kw.pop("temperature", 0),
+            extra_body={"ignore_eos": True, **body},
+            **kw,
+        )
+    except openai.APIStatusError as err:
+        return _Error(err.status_code, err.response.json())
+    raise AssertionError("the request was accepted")
+
+
+@pytest.mark.parametrize(
+    "body, temperature, status_code, code",
+    [
+        (scoped("bad scope!"), 0, 400, "invalid_scope_request"),
+        (scoped("x" * 200), 0, 400, "invalid_scope_request"),
+        (scoped("ok", "bad tenant!"), 0, 400, "invalid_scope_request"),
+        (scoped("sampled"), 0.7, 400, "contract_not_inheritable"),
+        (
+            {"vllm_xargs": {"retire_scope": "v", "retire_version": 3}},
+            0,
+            400,
+            "invalid_scope_request",
+        ),
+    ],
+)
+def test_bad_scope_requests_get_a_4xx_and_change_nothing(
+    client: openai.OpenAI,
+    retire_server: RetireServer,
+    body: dict[str, Any],
+    temperature: float,
+    status_code: int,
+    code: str,
+) -> None:
+    before = retire_server.leaks()
+    err = complete_error(client, retire_server.model, body, temperature=temperature)
+    assert (err.status_code, err.body["error"]["code"]) == (status_code, code)
+    assert set(err.body["error"]) == {"message", "type", "code"}
+    after = retire_server.leaks()
+    assert after["live_scopes"] == before["live_scopes"] == []
+
+
+@pytest.mark.parametrize(
+    "method, path, status_code",
+    [
+        ("GET", "/v1/scopes/never-opened", 404),
+        ("POST", "/v1/scopes/never-opened/cancel", 404),
+        ("POST", "/v1/scopes/never-opened/pause", 404),
+        ("GET", "/v1/scopes/" + "y" * 300, 400),
+        ("POST", "/v1/scopes/x/explode", 404),
+        ("DELETE", "/v1/scopes/x", 404),
+    ],
+)
+def test_bad_scope_routes(
+    client: openai.OpenAI, retire_server: RetireServer, method: str, path: str, status_code: int
+) -> None:
+    r = httpx.request(method, f"{retire_server.base}{path}")
+    assert r.status_code == status_code
+    assert set(r.json()["error"]) == {"message", "type", "code"}
+
+
+def test_headers_put_a_request_under_a_scope(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    r = httpx.post(
+        f"{retire_server.base}/v1/completions",
+        headers={"x-retire-scope": "hdr", "x-retire-tenant": "acme"},
+        json={
+            "model": retire_server.model,
+            "prompt": "hello there",
+            "max_tokens": 3,
+            "temperature": 0,
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["retire"] == {"scope": "hdr", "version": 0}
+    assert r.headers["x-retire-version"] == "0"
+    assert cancel(retire_server, "hdr", "acme").status_code == 200
+
+
+def test_core_log_is_written(retire_server: RetireServer) -> None:
+    text = retire_server.core_log.read_text()
+    assert '"trigger": "Submit"' in text
