@@ -449,3 +449,47 @@ def test_headers_put_a_request_under_a_scope(
 def test_core_log_is_written(retire_server: RetireServer) -> None:
     text = retire_server.core_log.read_text()
     assert '"trigger": "Submit"' in text
+
+
+def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireServer) -> None:
+    model = retire_server.model
+    base = prompt(60, 100)
+    complete(client, model, base, 4, **scoped("metered"))
+    complete(client, model, [*base, 3], 4, **scoped("metered"))
+    assert cancel(retire_server, "metered").status_code == 200
+    text = httpx.get(f"{retire_server.base}/metrics", headers={"accept-encoding": "gzip"}).text
+    # vLLM's own /metrics body is still there, uncompressed (this server runs without vLLM's
+    # engine stats, so its process metrics stand for it)
+    assert "python_gc_objects_collected_total" in text
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("retire_")
+    }
+    assert values["retire_supersedes_total"] >= 1
+    assert values["retire_adopted_blocks_total"] >= 3
+    assert values['retire_cleanup_seconds_bucket{le="+Inf"}'] >= 2  # the revision and the cancel
+    assert values["retire_live_scopes"] == 0
+    assert 'retire_obsolete_frames_dropped_total{boundary="consumer"}' in values
+
+
+def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) -> None:
+    model = retire_server.model
+    complete(client, model, prompt(70, 40), 2, **scoped("idle-a"))
+    old = client.completions.create(
+        model=model,
+        prompt=prompt(71, 40),
+        max_tokens=3500,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped("busy")},
+    )
+    next(iter(old))
+    expire = f"{retire_server.base}/v1/retire/expire"
+    assert httpx.post(expire, json={"idle_seconds": 3600}).json()["expired"] == []
+    assert httpx.post(expire, json={"idle_seconds": 0}).json()["expired"] == ["idle-a"]
+    assert status(retire_server, "idle-a").json()["state"] == "cancelled"
+    assert status(retire_server, "busy").json()["state"] == "active"  # still running: kept
+    assert httpx.post(expire, json={"idle_seconds": -1}).status_code == 400
+    assert cancel(retire_server, "busy").status_code == 200
+    assert [ch for ch in old][-1].choices[0].finish_reason == "cancelled"

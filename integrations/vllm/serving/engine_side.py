@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -74,7 +75,7 @@ from retire_core import (
     WriteAttempted,
     WriterClosed,
 )
-from retire_core.errors import UnknownScopeError
+from retire_core.errors import ContractError, UnknownScopeError
 from retire_core.ids import check_name
 
 from .. import identity
@@ -132,8 +133,38 @@ class ScopeInfo:
     """What the API needs to answer ``GET /v1/scopes/{scope}`` beyond the core's record."""
 
     tenant: str
-    requests: dict[int, str] = attrs.field(factory=dict)  # version -> request id
+    last_active: float
     adopted_blocks: dict[int, int] = attrs.field(factory=dict)  # version -> blocks adopted
+    context_blocks: dict[int, int] = attrs.field(factory=dict)  # version -> adoptable blocks
+
+
+#: Upper bounds (seconds) of the cleanup-latency histogram's buckets.
+CLEANUP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
+@attrs.define
+class Histogram:
+    """Cumulative-bucket histogram of durations (Prometheus' shape), fixed size."""
+
+    bounds: tuple[float, ...] = CLEANUP_BUCKETS
+    counts: list[int] = attrs.field(factory=lambda: [0] * len(CLEANUP_BUCKETS))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, seconds: float) -> None:
+        for i, bound in enumerate(self.bounds):
+            if seconds <= bound:
+                self.counts[i] += 1
+        self.total += seconds
+        self.n += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bounds": list(self.bounds),
+            "counts": list(self.counts),
+            "sum": self.total,
+            "count": self.n,
+        }
 
 
 class EngineSide:
@@ -157,6 +188,7 @@ class EngineSide:
         self._completed: list[int] = []
         self._fencing: set[str] = set()  # requests this side is finishing itself
         self.counters: dict[str, int] = {}
+        self.cleanup = Histogram()
 
     # ---- attach (first utility call) ------------------------------------------------------------
 
@@ -240,15 +272,23 @@ class EngineSide:
             event = Submit(scope, tenant, fingerprint, context, contract)
         else:
             event = Supersede(scope, context, contract)
+        started = time.perf_counter()
         commands = self._decide([event])  # raises (and changes nothing) when refused
         if info is None:
-            info = self.scopes[scope] = ScopeInfo(tenant)
+            info = self.scopes[scope] = ScopeInfo(tenant, time.monotonic())
         version = self.core.current_version(scope)
+        info.last_active = time.monotonic()
+        info.context_blocks[version] = len(context)
         future: Future[dict[str, Any]] = Future()
         self.opening[(scope, version)] = future
         fenced = self._fenced_versions(commands)
         self._run(commands)
         self._settle_openings(scope)
+        if record is not None:
+            self._count("supersedes")
+            self.cleanup.observe(time.perf_counter() - started)
+        else:
+            self._count("submits")
         if future.done():
             answer = future.result()
             answer["fenced"] = fenced
@@ -258,20 +298,68 @@ class EngineSide:
     def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
         self._run(self._decide([Pause(scope)]))
+        self.scopes[scope].last_active = time.monotonic()
         return self._status(scope)
 
     def op_unpause(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
         self._run(self._decide([Unpause(scope)]))
+        self.scopes[scope].last_active = time.monotonic()
         return self._status(scope)
 
     def op_cancel(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
+        return {**self._cancel(scope), **self._status(scope)}
+
+    def _cancel(self, scope: str) -> dict[str, Any]:
+        started = time.perf_counter()
         commands = self._decide([Cancel(scope)])
         fenced = self._fenced_versions(commands)
         self._run(commands)
         self._settle_openings(scope)
-        return {**self._status(scope), "fenced": fenced}
+        self._count("cancels")
+        self.cleanup.observe(time.perf_counter() - started)
+        return {"fenced": fenced}
+
+    def op_expire(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Cancel every live scope idle for longer than ``idle_seconds``: no participant still
+        running, nothing waiting for admission, no request or open for that long."""
+        idle = float(payload["idle_seconds"])
+        if not idle >= 0:
+            raise ContractError(f"idle_seconds must be a non-negative number, got {idle!r}")
+        now = time.monotonic()
+        waiting = {s for s, _ in self.opening} | {s for s, _ in self.admissions}
+        expired = []
+        for scope, record in list(self.core.state.scopes.items()):
+            info = self.scopes.get(scope)
+            if (
+                record.state is ScopeState.CANCELLED
+                or info is None
+                or scope in waiting
+                or now - info.last_active < idle
+                or any(not p.closed for p in record.participants.values())
+            ):
+                continue
+            self._cancel(scope)
+            expired.append(scope)
+        self._count("expired", len(expired))
+        return {"ok": True, "expired": expired}
+
+    def op_metrics(self, payload: dict[str, Any]) -> dict[str, Any]:
+        scopes = self.core.state.scopes
+        draining = sum(
+            1
+            for r in scopes.values()
+            for p in r.participants.values()
+            if not p.closed and (p.version != r.epoch or r.state is ScopeState.CANCELLED)
+        )
+        return {
+            "ok": True,
+            "counters": dict(self.counters),
+            "live_scopes": sum(1 for r in scopes.values() if r.state is not ScopeState.CANCELLED),
+            "fences_in_progress": draining,
+            "cleanup_seconds": self.cleanup.as_dict(),
+        }
 
     def op_status(self, payload: dict[str, Any]) -> dict[str, Any]:
         return self._status(self._own_scope(payload))
@@ -301,8 +389,7 @@ class EngineSide:
         """Cancel every live scope (tests and shutdown)."""
         for scope, record in list(self.core.state.scopes.items()):
             if record.state is not ScopeState.CANCELLED:
-                self._run(self._decide([Cancel(scope)]))
-                self._settle_openings(scope)
+                self._cancel(scope)
         return {"ok": True}
 
     def _own_scope(self, payload: dict[str, Any]) -> str:
@@ -333,8 +420,6 @@ class EngineSide:
         }
 
     def _contract(self, payload: dict[str, Any]) -> Contract:
-        from retire_core import ContractError
-
         mode = payload.get("numerical_mode") or ENGINE_NUMERICAL_MODE
         if mode != ENGINE_NUMERICAL_MODE:
             raise ContractError(f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {mode!r}")
@@ -388,7 +473,6 @@ class EngineSide:
         self.reqs[rid] = req
         for p in participants:
             self.by_participant[p] = rid
-        self.scopes[scope].requests[version] = rid
         self._restrict_prefix_hit(req, request)
         self._run(self._decide([ParticipantStarted(scope, version, p) for p in participants]))
 
@@ -464,6 +548,8 @@ class EngineSide:
         dropped = {c.frame for c in commands if isinstance(c, Drop)}
         self._run(commands)
         refused = {rid for rid, f in frames if f.frame in dropped}
+        if refused:
+            self._count("commits_dropped", len(refused))
         self._fencing |= refused  # finished by the commit path, closed by the deferred Fence
         return refused
 
@@ -518,7 +604,7 @@ class EngineSide:
         for eco, out, frame in frames:
             if frame.frame in dropped:
                 eco.outputs.remove(out)
-                self._count("frames_dropped_engine", len(out.new_token_ids))
+                self._count("frames_dropped_engine")
                 continue
             if out.finish_reason is not None:
                 req = self.reqs.get(out.request_id)
@@ -629,7 +715,9 @@ class EngineSide:
         self.admissions[key] = Admission(cmd.scope, cmd.version, salt, adopted, cmd.cold)
         if info is not None:
             info.adopted_blocks[cmd.version] = cmd.adopted_blocks
-        self._count("recomputed_or_cold" if cmd.cold else "warm_admissions")
+            recomputed = info.context_blocks.get(cmd.version, 0) - cmd.adopted_blocks
+            self._count("recomputed_blocks", max(0, recomputed))
+        self._count("cold_admissions" if cmd.cold else "warm_admissions")
         future = self.opening.pop(key, None)
         if future is not None:
             future.set_result(
@@ -675,6 +763,9 @@ class EngineSide:
         )
 
     def _close_request(self, req: ManagedRequest, participants: Sequence[str]) -> None:
+        info = self.scopes.get(req.scope)
+        if info is not None:
+            info.last_active = time.monotonic()
         for page in list(req.handoff_pins):
             self.ledger.release_handoff(page)
         req.handoff_pins.clear()

@@ -17,6 +17,7 @@ from a stream's buffer after the revision was accepted is never handed to the ca
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -53,6 +54,15 @@ class _Stream:
 
 class RetireAsyncLLM(AsyncLLM):
     _retire_streams: dict[tuple[str, int], _Stream]
+    #: Outputs of fenced versions this process discarded (the consumer boundary).
+    retire_dropped_outputs: int = 0
+
+    async def expire_idle_scopes(self, idle_seconds: float) -> None:
+        """Run for the server's life: cancel scopes idle for longer than ``idle_seconds``."""
+        period = max(1.0, min(idle_seconds / 4, 30.0))
+        while True:
+            await asyncio.sleep(period)
+            await self.retire("expire", idle_seconds=idle_seconds)
 
     async def retire(self, op: str, **payload: Any) -> dict[str, Any]:
         """One operation at the authority; raises ``ScopeRequestError`` when it is refused."""
@@ -110,7 +120,9 @@ class RetireAsyncLLM(AsyncLLM):
                 fence = fence or stream.fence
                 if fence is None:
                     yield out
-                elif out.finished:  # the fence's terminal output: nothing of it is published
+                    continue
+                self.retire_dropped_outputs += 1 if completion.token_ids else 0
+                if out.finished:  # the fence's terminal output: nothing of it is published
                     if ctx is not None:
                         ctx.fence = fence
                     completion.token_ids = []

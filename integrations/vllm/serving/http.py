@@ -7,7 +7,8 @@ stamps every JSON object of a scoped response with ``"retire": {"scope", "versio
 chunk and the non-streaming body) and its headers with ``x-retire-version``, and turns a refused
 scope request into an HTTP 4xx in OpenAI's error format instead of vLLM's in-stream error event.
 It answers the scope routes: ``GET /v1/scopes/{scope}`` and
-``POST /v1/scopes/{scope}/cancel|pause|resume``, and ``GET /v1/retire/leaks``. Requests without
+``POST /v1/scopes/{scope}/cancel|pause|resume``, ``GET /v1/retire/leaks`` and
+``POST /v1/retire/expire``; it appends Retire's metrics to vLLM's ``/metrics``. Requests without
 a scope pass through unchanged.
 """
 
@@ -18,11 +19,14 @@ from typing import Any
 
 from . import wire
 from .front_end import CONTEXT, RequestContext
+from .metrics import render
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 SCOPE_PREFIX = "/v1/scopes/"
 #: What Retire and vLLM still hold (tests end with it: nothing may be left).
 LEAKS_PATH = "/v1/retire/leaks"
+#: Cancel the scopes idle for longer than ``{"idle_seconds": N}`` now (an operator's call).
+EXPIRE_PATH = "/v1/retire/expire"
 SCOPE_ACTIONS = {"cancel": "cancel", "pause": "pause", "resume": "unpause"}
 
 Send = Any
@@ -45,6 +49,12 @@ class RetireMiddleware:
             answer = await scope["app"].state.engine_client.retire("leaks")
             await _send_json(send, 200, answer)
             return
+        if path == EXPIRE_PATH and scope["method"] == "POST":
+            await self._expire(scope, receive, send)
+            return
+        if path == "/metrics" and scope["method"] == "GET":
+            await self._metrics(scope, receive, send)
+            return
         if path not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
@@ -55,6 +65,39 @@ class RetireMiddleware:
             await self.app(scope, receive, _StampingSend(ctx, send, path))
         finally:
             CONTEXT.reset(token)
+
+    async def _metrics(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """vLLM's own metrics, uncompressed, followed by Retire's."""
+        plain = {**scope, "headers": [h for h in scope["headers"] if h[0] != b"accept-encoding"]}
+        parts: list[dict[str, Any]] = []
+
+        async def capture(message: dict[str, Any]) -> None:
+            parts.append(message)
+
+        await self.app(plain, receive, capture)
+        start = next(m for m in parts if m["type"] == "http.response.start")
+        body = b"".join(m.get("body", b"") for m in parts if m["type"] == "http.response.body")
+        engine = scope["app"].state.engine_client
+        body += render(await engine.retire("metrics"), engine.retire_dropped_outputs)
+        await send({**start, "headers": _with_length(start["headers"], len(body))})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _expire(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        try:
+            idle = json.loads(b"".join(chunks) or b"{}").get("idle_seconds")
+            if isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0:
+                raise ValueError("idle_seconds must be a non-negative number")
+        except (ValueError, AttributeError) as err:
+            await _send_json(send, 400, _error(str(err), "BadRequestError", "invalid_request"))
+            return
+        answer = await scope["app"].state.engine_client.retire("expire", idle_seconds=idle)
+        await _send_json(send, 200, {"expired": answer["expired"]})
 
     async def _scope_route(self, scope: dict[str, Any], send: Send) -> None:
         parts = scope["path"][len(SCOPE_PREFIX) :].split("/")

@@ -7,17 +7,21 @@ routes), and ``RetireAsyncLLM`` as the engine client. With no model it serves th
 default model (built locally on first use, nothing downloaded), with CPU engine settings that a
 given option overrides. Retire's own options, removed before vLLM parses the rest:
 ``--retire-log PATH`` (the core's transitions, one JSON object per line, for
-``retire validate-trace``).
+``retire validate-trace``) and ``--retire-scope-ttl SECONDS`` (idle scopes are cancelled after
+this long; default 900).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from typing import Any
 
 SCHEDULER = "retire_vllm.serving.scheduler.RetireServingScheduler"
 MIDDLEWARE = "retire_vllm.serving.http.RetireMiddleware"
+#: Idle scopes are cancelled after this long unless ``--retire-scope-ttl`` says otherwise.
+DEFAULT_SCOPE_TTL_S = 900.0
 #: KV pool of the default model when no size is given (blocks of 32 tokens).
 DEFAULT_SERVE_BLOCKS = 1024
 
@@ -58,6 +62,7 @@ def parse(argv: list[str]) -> Any:
     from ..engine_config import apply_engine_env, engine_kwargs
 
     argv, log_path = _take_option(argv, "--retire-log")
+    argv, ttl = _take_option(argv, "--retire-scope-ttl")
     parser = make_arg_parser(FlexibleArgumentParser(prog="retire serve"))  # type: ignore[no-untyped-call]
     args = parser.parse_args(argv)
     given = _given(argv)
@@ -87,6 +92,9 @@ def parse(argv: list[str]) -> Any:
     args.middleware = [*(args.middleware or []), MIDDLEWARE]
     if log_path:
         os.environ["RETIRE_CORE_LOG"] = os.path.abspath(log_path)
+    args.retire_scope_ttl = float(ttl) if ttl is not None else DEFAULT_SCOPE_TTL_S
+    if not args.retire_scope_ttl > 0:
+        raise SystemExit("--retire-scope-ttl must be a positive number of seconds")
     validate_parsed_serve_args(args)
     return args
 
@@ -110,10 +118,14 @@ async def serve(args: Any) -> None:
     )
     # As vLLM's own ``run_server_worker``: the engine goes down when the server stops serving,
     # then the server's shutdown task is awaited.
+    expiry = None
     try:
         await engine.retire("attach")
+        expiry = asyncio.create_task(engine.expire_idle_scopes(args.retire_scope_ttl))
         shutdown_task = await build_and_serve(engine, listen_address, sock, args)
     finally:
+        if expiry is not None:
+            expiry.cancel()
         engine.shutdown(timeout=vllm_config.shutdown_timeout)
     try:
         await shutdown_task

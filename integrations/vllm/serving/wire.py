@@ -25,7 +25,18 @@ HEADER_VERSION = "x-retire-version"
 
 #: The ``EngineCore`` utility method the plugin installs, and its operations.
 UTILITY = "retire_call"
-OPS = ("attach", "open", "pause", "unpause", "cancel", "status", "leaks", "release_all")
+OPS = (
+    "attach",
+    "open",
+    "pause",
+    "unpause",
+    "cancel",
+    "status",
+    "expire",
+    "metrics",
+    "leaks",
+    "release_all",
+)
 
 #: A fence's terminal output carries ``stop_reason = STOP_MARK + finish reason``.
 STOP_MARK = "retire:"

@@ -1,0 +1,80 @@
+"""Retire's metrics in Prometheus' text format, appended to vLLM's own ``/metrics``.
+
+The counters live where they are counted: the engine side's (revisions, frames dropped at the
+engine boundary and at the commit gate, adopted and recomputed blocks, fences still draining,
+cleanup latency) come back from one ``metrics`` utility call, the API process's (outputs dropped
+behind a fence, the consumer boundary) are read locally. Every name starts with ``retire_``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+
+class _Snapshot:
+    def __init__(self, engine: dict[str, Any], dropped_consumer: int) -> None:
+        self.engine = engine
+        self.dropped_consumer = dropped_consumer
+
+    def collect(self) -> Iterator[Metric]:
+        counters: dict[str, int] = self.engine["counters"]
+
+        def counter(name: str, help_text: str, key: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, help_text, value=counters.get(key, 0))
+
+        yield counter("retire_supersedes", "revisions accepted (ADVANCE)", "supersedes")
+        yield counter("retire_submits", "scopes opened", "submits")
+        yield counter("retire_cancels", "scopes cancelled (expired ones included)", "cancels")
+        yield counter("retire_expired_scopes", "idle scopes cancelled by expiry", "expired")
+        dropped = CounterMetricFamily(
+            "retire_obsolete_frames_dropped",
+            "frames of retired versions dropped, by the boundary that dropped them",
+            labels=["boundary"],
+        )
+        dropped.add_metric(["engine"], counters.get("frames_dropped_engine", 0))
+        dropped.add_metric(["commit"], counters.get("commits_dropped", 0))
+        dropped.add_metric(["consumer"], self.dropped_consumer)
+        yield dropped
+        yield counter("retire_adopted_blocks", "blocks successors inherited", "adopted_blocks")
+        yield counter(
+            "retire_recomputed_blocks",
+            "prefix blocks a successor computed instead of inheriting",
+            "recomputed_blocks",
+        )
+        yield counter(
+            "retire_verification_failures",
+            "certified blocks whose bytes or generation changed before adoption",
+            "verification_failures",
+        )
+        yield GaugeMetricFamily(
+            "retire_fences_in_progress",
+            "participants of retired versions that still owe a receipt",
+            value=self.engine["fences_in_progress"],
+        )
+        yield GaugeMetricFamily(
+            "retire_live_scopes", "scopes not cancelled", value=self.engine["live_scopes"]
+        )
+        h = self.engine["cleanup_seconds"]
+        buckets = [(str(b), c) for b, c in zip(h["bounds"], h["counts"], strict=True)]
+        yield HistogramMetricFamily(
+            "retire_cleanup_seconds",
+            "time the authority takes to carry out a revision or cancel (fence, receipts, "
+            "ALIGN, admission)",
+            buckets=[*buckets, ("+Inf", h["count"])],
+            sum_value=h["sum"],
+        )
+
+
+def render(engine: dict[str, Any], dropped_consumer: int) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(engine, dropped_consumer))
+    return generate_latest(registry)
