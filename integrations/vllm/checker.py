@@ -392,7 +392,7 @@ class IsolationAudit:
                     f"(position {position}) owned by {owner}"
                 )
             page: Any = facade._pages.get(block)
-            if page is not None and facade.page_generation(block) != page.retain_gen:
+            if page is not None and facade.page_generation(block) != page.retained_at:
                 self.violations.append(f"step {self.steps}: block {block} changed generation")
         closed = [p for p, pg in facade._pages.items() if not pg.writer_open and p not in written]
         self._snapshot = _digests(facade.executor, closed)

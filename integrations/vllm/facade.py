@@ -97,6 +97,8 @@ from . import identity
 from . import introspect as ix
 from .api import Delivery
 from .engine_config import BLOCK_SIZE, build_engine
+from .errors import IntegrationError, IsolationError, LeakError
+from .serving.ledger import BlockLedger
 
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -109,18 +111,6 @@ VERIFICATION_FAILURES = frozenset(
 )
 
 _FACADE_IDS = itertools.count()
-
-
-class IntegrationError(RuntimeError):
-    """vLLM did something the integration's bookkeeping cannot account for."""
-
-
-class IsolationError(IntegrationError):
-    """The core fenced a write that vLLM was about to make (Rule 3 would be broken)."""
-
-
-class LeakError(IntegrationError):
-    """``close`` found blocks, pins or pages left behind."""
 
 
 # --- records: what each version did ------------------------------------------------------------
@@ -213,7 +203,6 @@ class Stats:
     released_pages: int = 0
     uncertified_hashes_evicted: int = 0
     pages_reused: int = 0
-    refs_lost: int = 0
 
 
 # --- internal bookkeeping ----------------------------------------------------------------------
@@ -234,23 +223,6 @@ class _Req:
     scheduled: bool = False
     finished: bool = False
     closed: set[str] = attrs.field(factory=set)
-
-
-@attrs.define
-class _Page:
-    page: int
-    scope: str
-    version: int
-    rid: str
-    position: int
-    salt: str
-    retain_gen: int | None  # spy generation when the retention reference was taken
-    # One entry per pin reference we hold (the spy generation when taken): a certificate pin,
-    # which becomes the handoff pin after Adopt; a page can carry a predecessor's handoff pin
-    # and a newer certificate's pin at the same time.
-    pins: list[int] = attrs.field(factory=list)
-    cert_version: int | None = None  # the successor version of the latest certificate pin
-    writer_open: bool = True
 
 
 @attrs.define
@@ -370,7 +342,6 @@ class RetireEngine:
         self._reqs: dict[str, _Req] = {}
         self._participant_rid: dict[str, str] = {}
         self._internal: dict[str, str] = {}  # external request id -> internal id
-        self._pages: dict[int, _Page] = {}
         self._queues: dict[str, deque[_Chunk]] = {}
         # Frames the core has not decided yet: an engine frame's chunk (queued when published), or
         # None for a consumer or commit frame, whose caller reads its outcome from ``_outcomes``.
@@ -392,7 +363,10 @@ class RetireEngine:
         self._closed = False
         self._steps = 0
 
-        self.spy = ix.GenerationSpy(self.pool).install()
+        # Every retention, pin and handoff reference on a vLLM block, with its generation stamp.
+        self.ledger = BlockLedger(self.pool)
+        self._pages = self.ledger.refs  # block id -> BlockRef (what the facade retains)
+        self.spy = self.ledger.spy
         self.spy.listeners.append(self._on_blocks_handed_out)
         self.initial_free_blocks = self.pool.get_num_free_blocks()
         self.scheduler.retire_hooks = self
@@ -543,7 +517,7 @@ class RetireEngine:
         finally:
             self._closed = True
             self.scheduler.retire_hooks = None
-            self.spy.uninstall()
+            self.ledger.close()
             if self._log_file is not None:
                 self._log_file.close()
         if problems:
@@ -725,7 +699,7 @@ class RetireEngine:
                     bid = ids[idx]
                     if bid not in known:
                         if bid in retained or bid in claimed:
-                            owner = retained[bid].rid if bid in retained else claimed[bid]
+                            owner = retained[bid].request if bid in retained else claimed[bid]
                             raise IntegrationError(
                                 f"block {bid} handed to {req.rid} while the facade still "
                                 f"retains it for {owner}"
@@ -958,11 +932,9 @@ class RetireEngine:
     # ---- pages ---------------------------------------------------------------------------------
 
     def _retain(self, req: _Req, bid: int, position: int) -> None:
-        """The facade's side of an allocation the core accepted."""
-        self.pool.touch([self.pool.blocks[bid]])  # the retention reference (= core's "held")
-        self._pages[bid] = _Page(
-            bid, req.scope, req.version, req.rid, position, req.salt, self.spy.gen(bid)
-        )
+        """The facade's side of an allocation the core accepted: the retention reference (the
+        core's "held")."""
+        self.ledger.retain(bid, req.scope, req.version, req.rid, position, req.salt)
         req.pages.append(bid)
         req.record.pages.append(bid)
 
@@ -979,27 +951,13 @@ class RetireEngine:
         if events:
             self._emit_batch(events)
 
-    def _ours(self, page: int, gen: int | None) -> bool:
-        """Is a reference we took on ``page`` at generation ``gen`` still on the same block?"""
-        if gen is None:
-            return False
-        if self.spy.gen(page) != gen:
-            self.stats.refs_lost += 1
-            return False
-        return True
-
     def _pin(self, certificate: Certificate) -> None:
         rec = self.records[certificate.scope].version(certificate.version)
         rec.certificate = tuple(
             (e.page, e.position, e.generation, e.digest) for e in certificate.entries
         )
         for entry in certificate.entries:
-            page = self._pages.get(entry.page)
-            if page is None:
-                raise IntegrationError(f"certified block {entry.page} is not retained")
-            self.pool.touch([self.pool.blocks[entry.page]])
-            page.pins.append(self.spy.gen(entry.page))
-            page.cert_version = certificate.version
+            self.ledger.pin(entry.page, for_version=certificate.version)
             self.stats.pins += 1
         self._pending_reports[(certificate.scope, certificate.version)] = certificate
 
@@ -1020,55 +978,28 @@ class RetireEngine:
         rec.adopted_pages = tuple(cmd.pages)
         self.stats.adopted_pages += len(cmd.pages)
         for p in cmd.pages:
-            page = self._pages[p]
-            page.scope, page.version = cmd.scope, cmd.version
+            self.ledger.adopt(p, cmd.scope, cmd.version)
 
     def _unpin(self, cmd: Unpin) -> None:
         failed = cmd.reason in VERIFICATION_FAILURES
         for p in cmd.pages:
             page = self._pages.get(p)
-            if page is None or not page.pins:
-                raise IntegrationError(f"the core unpins block {p}, which the facade never pinned")
-            self.stats.released_pages += 1
-            if page.cert_version is not None:
+            if page is not None and page.pins and page.cert_version is not None:
                 rec = self.records[page.scope].version(page.cert_version)
                 rec.released.append((p, cmd.reason))
-            gen = page.pins.pop()
-            if not self._ours(p, gen):
-                continue  # the block was recycled underneath us: nothing of ours to drop
-            if failed:
-                self.pool.evict_blocks({p})  # never found again as a prefix hit
-            self.pool.free_blocks([self.pool.blocks[p]])
+            self.ledger.unpin(p, evict=failed)  # a failed page is never a prefix hit again
+            self.stats.released_pages += 1
 
     def _release_handoff_pins(self, req: _Req) -> None:
         pins, req.handoff_pins = req.handoff_pins, []
         for p in pins:
-            page = self._pages.get(p)
-            if page is None or not page.pins:
-                raise IntegrationError(f"handoff pin on block {p} is missing")
-            gen = page.pins.pop(0)
-            if self._ours(p, gen):
-                self.pool.free_blocks([self.pool.blocks[p]])
+            self.ledger.release_handoff(p)
 
     def _free(self, cmd: Free) -> None:
-        pages = self._pages
-        for p in cmd.pages:  # checked first: a refusal changes nothing
-            if pages[p].pins:
-                raise IntegrationError(f"the core freed block {p} while the facade pins it")
-        ours = []
-        for p in cmd.pages:
-            page = pages.pop(p)
-            req = self._reqs.get(page.rid)
-            if req is not None and p in req.pages:
-                req.pages.remove(p)
-            if self._ours(p, page.retain_gen):
-                ours.append(p)
-        if ours:  # one call each for the whole command (a revision frees all of a version)
-            self.pool.evict_blocks(set(ours))  # freed pages are never reused opportunistically
-            # Evicted blocks go to the front of vLLM's free queue one after the other, so the
-            # reversed list puts them there in the order one call per block did.
-            blocks = self.pool.blocks
-            self.pool.free_blocks([blocks[p] for p in reversed(ours)])
+        for ref in self.ledger.free(cmd.pages):  # all or nothing; one call each to the pool
+            req = self._reqs.get(ref.request)
+            if req is not None and ref.block in req.pages:
+                req.pages.remove(ref.block)
         self._forget_closed_requests()
 
     def _forget_closed_requests(self) -> None:
@@ -1094,7 +1025,7 @@ class RetireEngine:
                     "to a new owner: a retention reference was lost"
                 )
             # A pinned, retained page recycled underneath the core: its generation moves on, the
-            # references we took are gone with it (``_ours`` sees the new generation).
+            # references we took are gone with it (the ledger sees the new generation).
             self.stats.pages_reused += 1
             self._emit(PageReused(bid))
 

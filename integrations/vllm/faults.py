@@ -26,7 +26,7 @@ def drop_references(facade: RetireEngine, block_id: int) -> int:
     """Release the facade's pin and retention references on ``block_id``; returns how many."""
     page: Any = facade._pages[block_id]
     block = facade.pool.blocks[block_id]
-    refs = len(page.pins) + (page.retain_gen is not None)
+    refs = len(page.pins) + 1  # the pins and the retention reference
     for _ in range(refs):
         facade.pool.free_blocks([block])
     return refs

@@ -1,17 +1,16 @@
-"""``RetireEngine._free`` hands a whole ``Free`` command's blocks back to vLLM's ``BlockPool``
-in one ``evict_blocks`` and one ``free_blocks`` call, and the blocks must come out where one
-call per block put them: at the front of the free queue, the last freed first (which blocks
-the next allocations get is the same as before the batching)."""
+"""``BlockLedger.free`` (a ``Free`` command, for the facade and the serving path alike) hands the
+blocks back to vLLM's ``BlockPool`` in one ``evict_blocks`` and one ``free_blocks`` call, and the
+blocks must come out where one call per block put them: at the front of the free queue, the
+last freed first (which blocks the next allocations get is the same as before the batching)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-import retire_core as rc
-from retire_vllm.facade import RetireEngine, _Page
+from retire_vllm.errors import IntegrationError
+from retire_vllm.serving.ledger import BlockLedger
 
 pytestmark = pytest.mark.vllm
 
@@ -36,22 +35,20 @@ def _one_call_per_block(freed: list[int]) -> list[int]:
     return _free_queue(pool)
 
 
-def _facade(pool: Any, ids: list[int]) -> Any:
-    """What ``RetireEngine._free`` reads of a facade: the pool, a retained page per block id."""
-    return SimpleNamespace(
-        pool=pool,
-        _pages={p: _Page(p, "s", 0, "r", i, "salt", 0) for i, p in enumerate(ids)},
-        _reqs={},
-        _ours=lambda page, gen: True,
-        _forget_closed_requests=lambda: None,
-    )
+def _ledger(pool: Any, ids: list[int]) -> BlockLedger:
+    """A ledger retaining each block (it takes its own reference, as at allocation)."""
+    ledger = BlockLedger(pool)
+    for i, p in enumerate(ids):
+        ledger.retain(p, "s", 0, "r", i, "salt")
+        pool.free_blocks([pool.blocks[p]])  # the allocation's own reference: the request's
+    return ledger
 
 
 def _through_the_facade(freed: list[int]) -> tuple[list[int], dict[int, Any]]:
     pool, ids = _pool_with_cached_blocks()
-    facade = _facade(pool, ids)
-    RetireEngine._free(facade, rc.Free(tuple(freed)))
-    return _free_queue(pool), facade._pages
+    ledger = _ledger(pool, ids)
+    ledger.free(freed)
+    return _free_queue(pool), ledger.refs
 
 
 def test_free_returns_blocks_in_the_order_of_one_call_per_block() -> None:
@@ -64,12 +61,10 @@ def test_free_returns_blocks_in_the_order_of_one_call_per_block() -> None:
 
 
 def test_free_of_a_pinned_block_is_refused_and_changes_nothing() -> None:
-    from retire_vllm.facade import IntegrationError
-
     pool, ids = _pool_with_cached_blocks()
-    facade = _facade(pool, ids)
-    facade._pages[ids[2]].pins.append(0)
+    ledger = _ledger(pool, ids)
+    ledger.pin(ids[2])
     before = _free_queue(pool)
-    with pytest.raises(IntegrationError, match="while the facade pins it"):
-        RetireEngine._free(facade, rc.Free((ids[0], ids[2])))
-    assert sorted(facade._pages) == sorted(ids) and _free_queue(pool) == before
+    with pytest.raises(IntegrationError, match="while it is pinned"):
+        ledger.free((ids[0], ids[2]))
+    assert sorted(ledger.refs) == sorted(ids) and _free_queue(pool) == before

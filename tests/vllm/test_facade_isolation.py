@@ -17,7 +17,8 @@ import pytest
 from retire_core import DEFAULT_CONTRACT, IllegalTransitionError, ScopeState
 from retire_vllm import faults
 from retire_vllm.checker import Checker, IsolationAudit
-from retire_vllm.facade import IntegrationError, RetireEngine, RetireFleet
+from retire_vllm.errors import IntegrationError
+from retire_vllm.facade import RetireEngine, RetireFleet
 from tests.vllm.support import (
     assert_engine_clean,
     attached,

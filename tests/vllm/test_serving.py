@@ -292,6 +292,27 @@ def test_five_revisions_within_50_ms_and_concurrent_scopes(
         assert cancel(retire_server, scope).status_code == 200
 
 
+def test_a_revision_that_arrives_while_a_step_is_in_flight(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    """The old version's long prefill is the step in flight: the revision waits in vLLM's input
+    queue for the step boundary, and the old stream still publishes nothing after it."""
+
+    async def run() -> tuple[Any, Any]:
+        c = openai.AsyncOpenAI(base_url=f"{retire_server.base}/v1", api_key="none")
+        old = asyncio.create_task(_stream(c, retire_server.model, "inflight", prompt(80, 3000), 64))
+        await asyncio.sleep(0.05)  # the old request's prefill is running
+        new = await _stream(c, retire_server.model, "inflight", prompt(81, 40), 8)
+        result = await old, new
+        await c.close()
+        return result
+
+    (old_mark, old_reason), (new_mark, new_reason) = asyncio.run(run())
+    assert new_mark == ("inflight", 1) and new_reason == "length"
+    assert old_mark == ("inflight", 0) and old_reason == "superseded"
+    assert cancel(retire_server, "inflight").status_code == 200
+
+
 # --- the scope API --------------------------------------------------------------------------------
 
 

@@ -80,11 +80,10 @@ from retire_core.ids import check_name
 
 from .. import identity
 from .. import introspect as ix
+from ..errors import IntegrationError, IsolationError
 from ..facade import (
     ENGINE_NUMERICAL_MODE,
     VERIFICATION_FAILURES,
-    IntegrationError,
-    IsolationError,
     _NullLogger,
     json_lines_logger,
     worker_fence_receipt,

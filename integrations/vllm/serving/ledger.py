@@ -18,10 +18,7 @@ from typing import Any
 import attrs
 
 from .. import introspect as ix
-
-
-class LedgerError(RuntimeError):
-    """A command the ledger cannot carry out without corrupting vLLM's block pool."""
+from ..errors import LedgerError
 
 
 @attrs.define
@@ -35,6 +32,7 @@ class BlockRef:
     retained_at: int  # generation when the retention reference was taken
     pins: list[int] = attrs.field(factory=list)  # generation per pin reference, oldest first
     writer_open: bool = True
+    cert_version: int | None = None  # the successor version of the newest certificate pin
 
 
 class BlockLedger:
@@ -57,12 +55,13 @@ class BlockLedger:
             block, scope, version, request, position, salt, self.spy.gen(block)
         )
 
-    def pin(self, block: int) -> None:
+    def pin(self, block: int, for_version: int | None = None) -> None:
         ref = self.refs.get(block)
         if ref is None:
             raise LedgerError(f"certified block {block} is not retained")
         self.pool.touch([self.pool.blocks[block]])
         ref.pins.append(self.spy.gen(block))
+        ref.cert_version = for_version
 
     def adopt(self, block: int, scope: str, version: int) -> None:
         ref = self.refs[block]
@@ -73,7 +72,7 @@ class BlockLedger:
         vLLM never serves it as a prefix hit again."""
         ref = self.refs.get(block)
         if ref is None or not ref.pins:
-            raise LedgerError(f"block {block} is unpinned but holds no pin")
+            raise LedgerError(f"the core unpins block {block}, which holds no pin")
         if self._ours(block, ref.pins.pop()):
             if evict:
                 self.pool.evict_blocks({block})
@@ -95,7 +94,7 @@ class BlockLedger:
             if ref is None:
                 raise LedgerError(f"the core frees block {block}, which is not retained")
             if ref.pins:
-                raise LedgerError(f"the core frees block {block} while it is pinned")
+                raise LedgerError(f"the core freed block {block} while it is pinned")
         freed = [self.refs.pop(block) for block in todo]
         ours = [r.block for r in freed if self._ours(r.block, r.retained_at)]
         if ours:
