@@ -99,6 +99,11 @@ class RetireServer(Server):
         answer: dict[str, Any] = httpx.get(f"{self.base}/v1/retire/leaks").json()
         return answer
 
+    def release_all(self) -> None:
+        """Cancel every live scope (each with its own tenant)."""
+        for scope, tenant in self.leaks()["live_scope_tenants"].items():
+            httpx.post(f"{self.base}/v1/scopes/{scope}/cancel", headers={"x-retire-tenant": tenant})
+
     def check_clean(self, timeout_s: float = 10.0) -> None:
         """Nothing left: no live scope, request, pin, retained block or core page, and every
         usable block is free again (aborts reach the engine core asynchronously: poll)."""

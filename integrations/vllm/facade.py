@@ -75,7 +75,6 @@ from retire_core import (
     FrameArrived,
     FrameKind,
     Free,
-    PageAllocated,
     PageDigest,
     PageReused,
     ParticipantStarted,
@@ -89,11 +88,10 @@ from retire_core import (
     Supersede,
     Unpause,
     Unpin,
-    WriteAttempted,
     WriterClosed,
 )
 
-from . import identity
+from . import identity, observe
 from . import introspect as ix
 from .api import Delivery
 from .engine_config import BLOCK_SIZE, build_engine
@@ -594,18 +592,8 @@ class RetireEngine:
         raise RuntimeError(f"engine still busy after {max_steps} steps")
 
     def read_digests(self, pages: Iterable[int]) -> dict[int, str]:
-        """sha256 of the KV bytes of each block (all layers, K and V; with TP the per-rank
-        digests combined), read through ``collective_rpc`` so that it works for every executor."""
-        ids = sorted(set(pages))
-        if not ids:
-            return {}
-        per_rank = self.executor.collective_rpc(ix.worker_block_digests, args=(ids,))
-        if len(per_rank) == 1:
-            return {p: _lookup(per_rank[0], p) for p in ids}
-        return {
-            p: hashlib.sha256("|".join(_lookup(r, p) for r in per_rank).encode()).hexdigest()
-            for p in ids
-        }
+        """sha256 of the KV bytes of each block on every rank (``observe.read_digests``)."""
+        return observe.read_digests(self.executor, list(pages))
 
     def digest_for_adoption(self, pages: Sequence[int]) -> dict[int, str]:
         """The byte check reported in ``AdoptionReport`` (tests patch this to disable it)."""
@@ -670,50 +658,11 @@ class RetireEngine:
         # The step's allocations and write checks go to the core as one batch, in the order they
         # would have gone one by one; the allocations' own bookkeeping follows once the core has
         # accepted them (a refused batch changes nothing, there or here).
-        events: list[Event] = []
-        allocations: list[tuple[_Req, int, int]] = []
-        writes: list[tuple[_Req, int, int, bool]] = []  # (request, block id, index, completes)
-        claimed: dict[int, str] = {}  # block id -> request, for this step's allocations
-        bs = self.block_size
-        reqs = self._reqs
-        retained = self._pages
-        requests = scheduler.requests
-        kvm = self.kvm
-        for rid, n in scheduler_output.num_scheduled_tokens.items():
-            req = reqs.get(rid)
-            if req is None:
-                continue
-            request = requests[rid]
-            ids = ix.manager_block_ids(kvm, rid)
-            end = int(request.num_computed_tokens)
-            start = end - int(n)
-            if not req.scheduled:
-                req.scheduled = True
-                self._check_prefix_hit(req, ids, start)
-            # Blocks already seen in the request's previous block table were reported then.
-            prev = req.block_ids
-            first = len(prev) if ids[: len(prev)] == prev else 0
-            if first < len(ids):
-                known = set(req.pages) | set(req.adopted)
-                for idx in range(first, len(ids)):
-                    bid = ids[idx]
-                    if bid not in known:
-                        if bid in retained or bid in claimed:
-                            owner = retained[bid].request if bid in retained else claimed[bid]
-                            raise IntegrationError(
-                                f"block {bid} handed to {req.rid} while the facade still "
-                                f"retains it for {owner}"
-                            )
-                        claimed[bid] = rid
-                        events.append(PageAllocated(req.scope, req.version, rid, bid, idx))
-                        allocations.append((req, bid, idx))
-            req.block_ids = ids
-            scope, version = req.scope, req.version
-            for idx in range(start // bs, (end - 1) // bs + 1):
-                bid = ids[idx]
-                completes = end >= (idx + 1) * bs
-                events.append(WriteAttempted(scope, version, rid, bid, completes))
-                writes.append((req, bid, idx, completes))
+        events, allocations, writes, first_time = observe.schedule_events(
+            self._reqs, scheduler, scheduler_output, self._pages, self.block_size
+        )
+        for req, ids, start in first_time:
+            self._check_prefix_hit(req, ids, start)
         if events:
             commands = self.retire.handle_batch(events)  # raises (and changes nothing) if bad
             for req, bid, idx in allocations:
@@ -914,14 +863,9 @@ class RetireEngine:
         todo = [p for p in participants if p not in req.closed]
         ranks = [p for p in todo if p != req.rid]
         if ranks:
-            answers = self.executor.collective_rpc(
-                worker_fence_receipt, args=(list(req.block_ids),)
+            rec.rank_receipts.extend(
+                observe.rank_receipts(self.executor, req.rid, ranks, req.block_ids)
             )
-            rec.rank_receipts.extend(answers)
-            answered = {f"{req.rid}/rank{int(a['rank'])}" for a in answers}
-            missing = set(ranks) - answered
-            if missing:
-                raise IntegrationError(f"no receipt from {sorted(missing)}")
         for participant in [*ranks, *(p for p in todo if p == req.rid)]:
             req.closed.add(participant)
             rec.receipts[participant] = self.clock()
@@ -1075,32 +1019,13 @@ class RetireEngine:
             self._emit(ParticipantStarted(cmd.scope, cmd.version, participant))
 
     def _restrict_prefix_hit(self, req: _Req) -> None:
-        """Before the request can be scheduled: its prefix hit must be exactly the adopted blocks.
-        The adopted blocks must be mapped under the request's own block hashes; any other cached
-        block on its hash chain (same salt, not certified) is evicted from the prefix cache."""
         request = self.scheduler.requests[req.rid]
-        for i, h in enumerate(request.block_hashes):
-            hit = self.pool.get_cached_block(h, [0])
-            if i < len(req.adopted):
-                if hit is None or hit[0].block_id != req.adopted[i]:
-                    found = None if hit is None else hit[0].block_id
-                    raise IntegrationError(
-                        f"adopted block {req.adopted[i]} of {req.rid} is not its prefix-cache "
-                        f"entry {i} (found {found})"
-                    )
-            elif hit is not None:
-                self.pool.evict_blocks({hit[0].block_id})
-                self.stats.uncertified_hashes_evicted += 1
+        evicted = observe.restrict_prefix_hit(self.pool, request, req.adopted)
+        self.stats.uncertified_hashes_evicted += evicted
 
     def _check_prefix_hit(self, req: _Req, ids: list[int], start: int) -> None:
-        rec = req.record
-        n = len(req.adopted)
-        rec.hit_block_ids = tuple(ids[: start // self.block_size])
-        if start != n * self.block_size or tuple(ids[:n]) != req.adopted:
-            raise IntegrationError(
-                f"{req.rid}: vLLM's prefix hit is {start} tokens / blocks {ids[: max(n, 1)]}, "
-                f"the core adopted {n} blocks {list(req.adopted)}"
-            )
+        req.record.hit_block_ids = tuple(ids[: start // self.block_size])
+        observe.check_prefix_hit(req.rid, ids, start, req.adopted, self.block_size)
         self._release_handoff_pins(req)  # the successor's own references hold them now
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -1161,22 +1086,6 @@ _HANDLERS: dict[type, Callable[[RetireEngine, Any], None]] = {
     Admit: RetireEngine._admit,
     Free: RetireEngine._free,
 }
-
-
-def _lookup(digests: dict[Any, str], page: int) -> str:
-    value = digests.get(page)
-    if value is None:
-        value = digests[str(page)]
-    return value
-
-
-def worker_fence_receipt(worker: Any, block_ids: Sequence[int]) -> dict[str, Any]:
-    """Runs on every worker rank (``collective_rpc``), after any step in flight: the rank's
-    receipt for a fenced request, with the digests of the request's blocks on that rank."""
-    return {
-        "rank": int(getattr(worker, "rank", 0)),
-        "digests": ix.worker_block_digests(worker, list(block_ids)),
-    }
 
 
 # --- several engines sharing nothing -------------------------------------------------------------

@@ -32,7 +32,6 @@ wait for the step boundary.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import time
@@ -58,7 +57,6 @@ from retire_core import (
     FrameArrived,
     FrameKind,
     Free,
-    PageAllocated,
     PageDigest,
     PageReused,
     ParticipantStarted,
@@ -72,13 +70,12 @@ from retire_core import (
     Supersede,
     Unpause,
     Unpin,
-    WriteAttempted,
     WriterClosed,
 )
 from retire_core.errors import ContractError, UnknownScopeError
 from retire_core.ids import check_name
 
-from .. import identity
+from .. import identity, observe
 from .. import introspect as ix
 from ..errors import IntegrationError, IsolationError
 from ..facade import (
@@ -86,7 +83,6 @@ from ..facade import (
     VERIFICATION_FAILURES,
     _NullLogger,
     json_lines_logger,
-    worker_fence_receipt,
 )
 from . import wire
 from .ledger import BlockLedger
@@ -294,6 +290,13 @@ class EngineSide:
             return answer
         return future  # answered by the Admit (vLLM defers the utility reply)
 
+    def op_abandon(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The API process will never add the request of this admitted version (its client left
+        while the version was opened): forget the admission."""
+        key = (check_name(payload.get("scope"), "scope"), int(payload["version"]))
+        dropped = self.admissions.pop(key, None)
+        return {"ok": True, "dropped": dropped is not None}
+
     def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
         self._run(self._decide([Pause(scope)]))
@@ -381,6 +384,9 @@ class EngineSide:
             "live_scopes": sorted(
                 s for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
             ),
+            "live_scope_tenants": {
+                s: r.tenant for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
+            },
             "counters": dict(self.counters),
         }
 
@@ -472,7 +478,10 @@ class EngineSide:
         self.reqs[rid] = req
         for p in participants:
             self.by_participant[p] = rid
-        self._restrict_prefix_hit(req, request)
+        self._count(
+            "uncertified_hashes_evicted",
+            observe.restrict_prefix_hit(self.pool, request, req.adopted),
+        )
         self._run(self._decide([ParticipantStarted(scope, version, p) for p in participants]))
 
     def withheld(self, scheduler: Any) -> set[str]:
@@ -490,39 +499,11 @@ class EngineSide:
         if not self.reqs:
             return
         self._in_step = True
-        events: list[Event] = []
-        allocations: list[tuple[ManagedRequest, int, int]] = []
-        writes: list[tuple[int, bool]] = []  # (block, the write fills it)
-        claimed: dict[int, str] = {}
-        bs = self.block_size
-        refs = self.ledger.refs
-        for rid, n in scheduler_output.num_scheduled_tokens.items():
-            req = self.reqs.get(rid)
-            if req is None:
-                continue
-            ids = ix.manager_block_ids(self.kvm, rid)
-            end = int(scheduler.requests[rid].num_computed_tokens)
-            start = end - int(n)
-            if not req.scheduled:
-                req.scheduled = True
-                self._check_prefix_hit(req, ids, start)
-            prev = req.block_ids
-            first = len(prev) if ids[: len(prev)] == prev else 0
-            known = set(req.pages) | set(req.adopted)
-            for idx in range(first, len(ids)):
-                bid = ids[idx]
-                if bid in known:
-                    continue
-                if bid in refs or bid in claimed:
-                    raise IntegrationError(f"block {bid} handed to {rid} while still retained")
-                claimed[bid] = rid
-                events.append(PageAllocated(req.scope, req.version, rid, bid, idx))
-                allocations.append((req, bid, idx))
-            req.block_ids = ids
-            for idx in range(start // bs, (end - 1) // bs + 1):
-                completes = end >= (idx + 1) * bs
-                events.append(WriteAttempted(req.scope, req.version, rid, ids[idx], completes))
-                writes.append((ids[idx], completes))
+        events, allocations, writes, first_time = observe.schedule_events(
+            self.reqs, scheduler, scheduler_output, self.ledger.refs, self.block_size
+        )
+        for req, ids, start in first_time:
+            self._check_prefix_hit(req, ids, start)
         if not events:
             return
         commands = self._decide(events)
@@ -530,7 +511,7 @@ class EngineSide:
             self.ledger.retain(bid, req.scope, req.version, req.rid, idx, req.salt)
             req.pages.append(bid)
         self._run(commands)
-        self._completed.extend(bid for bid, completes in writes if completes)
+        self._completed.extend(bid for _, bid, _, completes in writes if completes)
 
     def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
         """The commit gate: one COMMIT frame per scheduled managed request; returns the requests
@@ -722,6 +703,7 @@ class EngineSide:
             future.set_result(
                 {
                     "ok": True,
+                    "scope": cmd.scope,
                     "version": cmd.version,
                     "salt": salt,
                     "adopted_blocks": cmd.adopted_blocks,
@@ -772,10 +754,7 @@ class EngineSide:
         todo = [p for p in participants if p not in req.closed]
         ranks = [p for p in todo if p != req.rid]
         if ranks:
-            answers = self.executor.collective_rpc(worker_fence_receipt, args=(req.block_ids,))
-            answered = {f"{req.rid}/rank{int(a['rank'])}" for a in answers}
-            if set(ranks) - answered:
-                raise IntegrationError(f"no receipt from {sorted(set(ranks) - answered)}")
+            answers = observe.rank_receipts(self.executor, req.rid, ranks, req.block_ids)
             self._count("rank_receipts", len(answers))
         for participant in [*ranks, *(p for p in todo if p == req.rid)]:
             req.closed.add(participant)
@@ -805,42 +784,13 @@ class EngineSide:
                 self.by_participant.pop(p, None)
 
     def read_digests(self, pages: Sequence[int]) -> dict[int, str]:
-        ids = sorted(set(pages))
-        if not ids:
-            return {}
-        per_rank = self.executor.collective_rpc(ix.worker_block_digests, args=(ids,))
-        if len(per_rank) == 1:
-            return {p: _lookup(per_rank[0], p) for p in ids}
-        return {
-            p: hashlib.sha256("|".join(_lookup(r, p) for r in per_rank).encode()).hexdigest()
-            for p in ids
-        }
+        return observe.read_digests(self.executor, pages)
 
     # ---- prefix hits of admitted versions -------------------------------------------------------
 
-    def _restrict_prefix_hit(self, req: ManagedRequest, request: Any) -> None:
-        """Before the request can be scheduled: its prefix hit must be exactly its adopted blocks;
-        any other cached block on its hash chain is evicted from the prefix cache."""
-        for i, h in enumerate(request.block_hashes):
-            hit = self.pool.get_cached_block(h, [0])
-            if i < len(req.adopted):
-                if hit is None or hit[0].block_id != req.adopted[i]:
-                    raise IntegrationError(
-                        f"adopted block {req.adopted[i]} of {req.rid} is not its prefix-cache "
-                        f"entry {i}"
-                    )
-            elif hit is not None:
-                self.pool.evict_blocks({hit[0].block_id})
-                self._count("uncertified_hashes_evicted")
-
     def _check_prefix_hit(self, req: ManagedRequest, ids: list[int], start: int) -> None:
-        n = len(req.adopted)
-        if start != n * self.block_size or tuple(ids[:n]) != req.adopted:
-            raise IntegrationError(
-                f"{req.rid}: vLLM's prefix hit is {start} tokens / blocks {ids[: max(n, 1)]}, "
-                f"the core adopted {n} blocks {list(req.adopted)}"
-            )
-        for page in req.handoff_pins:
+        observe.check_prefix_hit(req.rid, ids, start, req.adopted, self.block_size)
+        for page in req.handoff_pins:  # the successor's own references hold them now
             self.ledger.release_handoff(page)
         req.handoff_pins.clear()
 
@@ -867,8 +817,3 @@ _HANDLERS: dict[type, Any] = {
     Admit: EngineSide._on_admit,
     Free: EngineSide._on_free,
 }
-
-
-def _lookup(digests: dict[Any, str], page: int) -> str:
-    value = digests.get(page)
-    return value if value is not None else digests[str(page)]

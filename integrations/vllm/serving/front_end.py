@@ -88,14 +88,18 @@ class RetireAsyncLLM(AsyncLLM):
             async for out in super().generate(prompt, sampling_params, request_id, **kwargs):
                 yield out
             return
+        tenant = args.get(wire.XARG_TENANT) or (ctx.tenant if ctx else None)
+        opening = asyncio.ensure_future(
+            self._open(str(scope), tenant or wire.DEFAULT_TENANT, prompt, args, sampling_params)
+        )
         try:
-            tenant = args.get(wire.XARG_TENANT) or (ctx.tenant if ctx else None)
-            answer = await self._open(
-                str(scope), tenant or wire.DEFAULT_TENANT, prompt, args, sampling_params
-            )
+            answer = await asyncio.shield(opening)
         except wire.ScopeRequestError as err:
             if ctx is not None:
                 ctx.error = err
+            raise
+        except asyncio.CancelledError:  # the client left while its version was being opened
+            opening.add_done_callback(self._abandon)
             raise
         version = int(answer["version"])
         if ctx is not None:
@@ -133,6 +137,19 @@ class RetireAsyncLLM(AsyncLLM):
                     yield out
         finally:
             streams.pop(key, None)
+
+    def _abandon(self, opening: asyncio.Future[dict[str, Any]]) -> None:
+        """An admitted version whose request will never be added: the authority forgets its
+        admission (the version stays current, with nothing running, as a finished one)."""
+        if opening.cancelled() or opening.exception() is not None:
+            return
+        answer = opening.result()
+        if "fence" not in answer:
+            task = asyncio.ensure_future(
+                self.retire("abandon", scope=answer["scope"], version=answer["version"])
+            )
+            self.__dict__.setdefault("_retire_tasks", set()).add(task)
+            task.add_done_callback(self.__dict__["_retire_tasks"].discard)
 
     async def _open(
         self, scope: str, tenant: str, prompt: Any, args: dict[str, Any], params: Any

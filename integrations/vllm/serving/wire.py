@@ -32,6 +32,7 @@ OPS = (
     "unpause",
     "cancel",
     "status",
+    "abandon",
     "expire",
     "metrics",
     "leaks",

@@ -1,0 +1,165 @@
+"""The observation glue both engines share: the in-process facade and the serving engine side.
+
+What a scheduled step allocates and writes (``schedule_events``: the ``PageAllocated`` and
+``WriteAttempted`` events of a step, in the order one by one would send them), the prefix-hit
+checks of an admitted version (``restrict_prefix_hit`` before it can be scheduled,
+``check_prefix_hit`` at its first schedule), the KV digests of blocks on every rank
+(``read_digests``) and the rank receipts of a closing request (``rank_receipts``). Each reads vLLM
+and builds events or raises ``IntegrationError``; none calls the core or decides protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from retire_core import Event, PageAllocated, WriteAttempted
+
+from . import introspect as ix
+from .errors import IntegrationError
+
+
+class Managed(Protocol):
+    """A request under Retire, as both engines keep it."""
+
+    rid: str
+    scope: str
+    version: int
+    adopted: tuple[int, ...]
+    block_ids: list[int]
+    pages: list[int]
+    scheduled: bool
+
+
+class Retained(Protocol):
+    request: str
+
+
+def schedule_events(
+    reqs: Mapping[str, Managed],
+    scheduler: Any,
+    scheduler_output: Any,
+    retained: Mapping[int, Retained],
+    block_size: int,
+) -> tuple[list[Event], list[tuple[Any, int, int]], list[tuple[Any, int, int, bool]], list[Any]]:
+    """The step's events, its allocations ``(request, block, index)``, its writes ``(request,
+    block, index, the write fills the block)`` and the requests scheduled for the first time
+    (whose prefix hit the caller checks). Updates each request's ``block_ids`` and ``scheduled``.
+    Raises if vLLM hands a request a block that is still retained for another."""
+    events: list[Event] = []
+    allocations: list[tuple[Any, int, int]] = []
+    writes: list[tuple[Any, int, int, bool]] = []
+    first_time: list[tuple[Any, list[int], int]] = []
+    claimed: dict[int, str] = {}  # block id -> request, for this step's allocations
+    kvm = scheduler.kv_cache_manager
+    requests = scheduler.requests
+    for rid, n in scheduler_output.num_scheduled_tokens.items():
+        req = reqs.get(rid)
+        if req is None:
+            continue
+        ids = ix.manager_block_ids(kvm, rid)
+        end = int(requests[rid].num_computed_tokens)
+        start = end - int(n)
+        if not req.scheduled:
+            req.scheduled = True
+            first_time.append((req, ids, start))
+        # Blocks already seen in the request's previous block table were reported then.
+        prev = req.block_ids
+        first = len(prev) if ids[: len(prev)] == prev else 0
+        if first < len(ids):
+            known = set(req.pages) | set(req.adopted)
+            for idx in range(first, len(ids)):
+                bid = ids[idx]
+                if bid in known:
+                    continue
+                if bid in retained or bid in claimed:
+                    owner = retained[bid].request if bid in retained else claimed[bid]
+                    raise IntegrationError(
+                        f"block {bid} handed to {rid} while it is still retained for {owner}"
+                    )
+                claimed[bid] = rid
+                events.append(PageAllocated(req.scope, req.version, rid, bid, idx))
+                allocations.append((req, bid, idx))
+        req.block_ids = ids
+        for idx in range(start // block_size, (end - 1) // block_size + 1):
+            completes = end >= (idx + 1) * block_size
+            events.append(WriteAttempted(req.scope, req.version, rid, ids[idx], completes))
+            writes.append((req, ids[idx], idx, completes))
+    return events, allocations, writes, first_time
+
+
+def restrict_prefix_hit(pool: Any, request: Any, adopted: Sequence[int]) -> int:
+    """Before an admitted version's request can be scheduled: its prefix hit must be exactly its
+    adopted blocks, mapped under its own block hashes; any other cached block on its hash chain
+    is evicted from the prefix cache. Returns how many were evicted."""
+    evicted = 0
+    for i, h in enumerate(request.block_hashes):
+        hit = pool.get_cached_block(h, [0])
+        if i < len(adopted):
+            if hit is None or hit[0].block_id != adopted[i]:
+                found = None if hit is None else hit[0].block_id
+                raise IntegrationError(
+                    f"adopted block {adopted[i]} of {request.request_id} is not its prefix-cache "
+                    f"entry {i} (found {found})"
+                )
+        elif hit is not None:
+            pool.evict_blocks({hit[0].block_id})
+            evicted += 1
+    return evicted
+
+
+def check_prefix_hit(
+    rid: str, ids: Sequence[int], start: int, adopted: Sequence[int], block_size: int
+) -> None:
+    """At the first schedule: vLLM's prefix hit is exactly the adopted blocks."""
+    n = len(adopted)
+    if start != n * block_size or tuple(ids[:n]) != tuple(adopted):
+        raise IntegrationError(
+            f"{rid}: vLLM's prefix hit is {start} tokens / blocks {list(ids[: max(n, 1)])}, "
+            f"the core adopted {n} blocks {list(adopted)}"
+        )
+
+
+def read_digests(executor: Any, pages: Sequence[int]) -> dict[int, str]:
+    """sha256 of the KV bytes of each block (all layers, K and V; with TP the per-rank digests
+    combined), read through ``collective_rpc`` so that it works for every executor."""
+    ids = sorted(set(pages))
+    if not ids:
+        return {}
+    per_rank = executor.collective_rpc(ix.worker_block_digests, args=(ids,))
+    if len(per_rank) == 1:
+        return {p: _lookup(per_rank[0], p) for p in ids}
+    return {
+        p: hashlib.sha256("|".join(_lookup(r, p) for r in per_rank).encode()).hexdigest()
+        for p in ids
+    }
+
+
+def rank_receipts(
+    executor: Any, rid: str, ranks: Sequence[str], block_ids: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Each rank's receipt for a closing request (answered after any step in flight); raises if a
+    rank named in ``ranks`` (``<rid>/rank<r>``) did not answer."""
+    answers: list[dict[str, Any]] = executor.collective_rpc(
+        worker_fence_receipt, args=(list(block_ids),)
+    )
+    answered = {f"{rid}/rank{int(a['rank'])}" for a in answers}
+    missing = set(ranks) - answered
+    if missing:
+        raise IntegrationError(f"no receipt from {sorted(missing)}")
+    return answers
+
+
+def worker_fence_receipt(worker: Any, block_ids: Sequence[int]) -> dict[str, Any]:
+    """Runs on every worker rank (``collective_rpc``), after any step in flight: the rank's
+    receipt for a fenced request, with the digests of the request's blocks on that rank."""
+    return {
+        "rank": int(getattr(worker, "rank", 0)),
+        "digests": ix.worker_block_digests(worker, list(block_ids)),
+    }
+
+
+def _lookup(digests: dict[Any, str], page: int) -> str:
+    value = digests.get(page)
+    return value if value is not None else digests[str(page)]
