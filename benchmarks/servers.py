@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -99,10 +100,14 @@ class RetireServer(Server):
         answer: dict[str, Any] = httpx.get(f"{self.base}/v1/retire/leaks").json()
         return answer
 
+    def scope_url(self, scope: str) -> str:
+        """The scope's route; its id percent-encoded (an id may hold "/")."""
+        return f"{self.base}/v1/scopes/{quote(scope, safe='')}"
+
     def release_all(self) -> None:
         """Cancel every live scope (each with its own tenant)."""
         for scope, tenant in self.leaks()["live_scope_tenants"].items():
-            httpx.post(f"{self.base}/v1/scopes/{scope}/cancel", headers={"x-retire-tenant": tenant})
+            httpx.post(f"{self.scope_url(scope)}/cancel", headers={"x-retire-tenant": tenant})
 
     def check_clean(self, timeout_s: float = 10.0) -> None:
         """Nothing left: no live scope, request, pin, retained block or core page, and every

@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from retire_bench.servers import RetireServer, StockServer
 from retire_vllm.client import ScopeReader, scoped, stamp
@@ -526,3 +528,70 @@ def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) 
     assert httpx.post(expire, json={"idle_seconds": -1}).status_code == 400
     assert cancel(retire_server, "busy").status_code == 200
     assert [ch for ch in old][-1].choices[0].finish_reason == "cancelled"
+
+
+# --- hostile input --------------------------------------------------------------------------------
+
+_HOSTILE_IDS = st.one_of(
+    st.sampled_from(["fz-a", "fz-b", "sentinel", "", " ", "a/b", "../x", "%2F", "x" * 129, "é"]),
+    st.text(max_size=200),
+    st.integers(),
+    st.lists(st.text(max_size=3), max_size=2),
+    st.none(),
+)
+_FUZZ_OPS = st.tuples(
+    st.sampled_from(["complete", "stream", "cancel", "pause", "resume", "status"]),
+    _HOSTILE_IDS,
+    st.one_of(st.none(), _HOSTILE_IDS),  # tenant
+    st.sampled_from([0, 0.5]),  # temperature
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(_FUZZ_OPS, min_size=1, max_size=6))
+def test_hostile_scope_requests_get_4xx_never_5xx_and_disturb_no_other_scope(
+    retire_server: RetireServer, ops: list[tuple[str, Any, Any, float]]
+) -> None:
+    base, model = retire_server.base, retire_server.model
+    if (
+        httpx.get(f"{base}/v1/scopes/sentinel", headers={"x-retire-tenant": "guard"}).status_code
+        != 200
+    ):
+        body = {"model": model, "prompt": prompt(90, 40), "max_tokens": 2, "temperature": 0}
+        body["vllm_xargs"] = {"retire_scope": "sentinel", "retire_tenant": "guard"}
+        assert httpx.post(f"{base}/v1/completions", json=body).status_code == 200
+    guard = {"x-retire-tenant": "guard"}
+    before = httpx.get(f"{base}/v1/scopes/sentinel", headers=guard).json()
+    for op, scope, tenant, temperature in ops:
+        xargs: dict[str, Any] = {"retire_scope": scope}
+        if tenant is not None:
+            xargs["retire_tenant"] = tenant
+        if op in ("complete", "stream"):
+            r = httpx.post(
+                f"{base}/v1/completions",
+                json={
+                    "model": model,
+                    "prompt": prompt(91, 40),
+                    "max_tokens": 2,
+                    "temperature": temperature,
+                    "stream": op == "stream",
+                    "vllm_xargs": xargs,
+                },
+                timeout=60,
+            )
+        else:
+            path = {"status": "", "cancel": "/cancel", "pause": "/pause", "resume": "/resume"}[op]
+            sendable = (  # what HTTP can carry in a header at all
+                isinstance(tenant, str) and tenant.isascii() and tenant.isprintable()
+            )
+            headers = {"x-retire-tenant": tenant.strip()} if sendable and tenant.strip() else {}
+            method = "GET" if op == "status" else "POST"
+            url = retire_server.scope_url(str(scope)) + path
+            r = httpx.request(method, url, headers=headers, timeout=60)
+        assert r.status_code < 500, (op, scope, tenant, r.status_code, r.text[:300])
+        if r.status_code >= 400:
+            assert set(r.json()["error"]) >= {"message", "type", "code"}, r.text[:300]
+    after = httpx.get(f"{base}/v1/scopes/sentinel", headers=guard).json()
+    assert after == before  # no hostile request disturbed another scope
+    retire_server.release_all()
+    retire_server.check_clean()

@@ -154,6 +154,11 @@ class RetireAsyncLLM(AsyncLLM):
     async def _open(
         self, scope: str, tenant: str, prompt: Any, args: dict[str, Any], params: Any
     ) -> dict[str, Any]:
+        for key in (wire.XARG_SCOPE, wire.XARG_TENANT):
+            if key in args and not isinstance(args[key], str):
+                raise wire.ScopeRequestError(
+                    "MalformedIdError", f"{key} must be a string, got {args[key]!r}"
+                )
         if wire.XARG_VERSION in args:
             raise wire.ScopeRequestError(
                 "MalformedIdError", f"{wire.XARG_VERSION} is set by the server, not by a client"

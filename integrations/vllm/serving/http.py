@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import unquote
 
 from . import wire
 from .front_end import CONTEXT, RequestContext
@@ -100,7 +101,10 @@ class RetireMiddleware:
         await _send_json(send, 200, {"expired": answer["expired"]})
 
     async def _scope_route(self, scope: dict[str, Any], send: Send) -> None:
-        parts = scope["path"][len(SCOPE_PREFIX) :].split("/")
+        # Split the raw path, then decode each segment: a scope id may hold "/" (sent as %2F).
+        raw = scope.get("raw_path") or scope["path"].encode()
+        raw = raw.split(b"?", 1)[0].decode("latin-1")
+        parts = [unquote(p) for p in raw[len(SCOPE_PREFIX) :].split("/")]
         method = scope["method"]
         tenant = _headers(scope).get(wire.HEADER_TENANT) or wire.DEFAULT_TENANT
         if len(parts) == 1 and method == "GET":
