@@ -56,7 +56,9 @@ def walk(seed: int, moves: int = 80) -> tuple[int, list[Any], list[Any]]:
         accepted.append(event)
         return result
 
-    ls = Lockstep(Universe.of(BOUNDS), step_fn=recording_step, ledger_size=ledger)
+    # odd seeds: both scopes of one tenant and model (equal fingerprints)
+    bounds = BOUNDS if seed % 2 == 0 else attrs.evolve(BOUNDS, fingerprints=(0, 0))
+    ls = Lockstep(Universe.of(bounds), step_fn=recording_step, ledger_size=ledger)
     budget = Budget(faults=2, partial_writes=True)
     for _ in range(moves):
         if ls.pending_reports and rng.random() < 0.3:

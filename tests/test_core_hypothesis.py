@@ -41,6 +41,8 @@ RARE_PATHS = (
     "rejected:DuplicateReceiptError",
     "rejected:DoubleFreeError",
     "path:revision_chain",
+    # a revision while a scope of the same tenant and model holds a page with the prefix
+    "path:same_model_page_not_inherited",
 )
 
 
