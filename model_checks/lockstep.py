@@ -748,9 +748,9 @@ class Lockstep:
         of it takes effect), some event must be one the core refuses on its own, and then the
         harness is put back to where it was before the batch. ``logged``: through a logger that
         records every line (``handle_batch`` then counts each event's transitions) or one with
-        INFO off (its unlogged path). Moves must be engine observations that are not faults
-        and not byte-check reports (frames delivered, allocations, write attempts, writer
-        closures, receipts, launches)."""
+        INFO off (its unlogged path). Moves must be engine observations whose events do not
+        depend on the others' effects: frames delivered, allocations, write attempts (not
+        writer closures, whose digest is read when the event is built)."""
         before = self.snapshot()
         events = [self._event_for(m) for m in moves]
         log = _Lines() if logged else _Quiet()

@@ -26,7 +26,7 @@ import attrs
 
 import retire_core as rc
 from retire_checks.explorer import QUICK, Config, Counterexample, explore, explore_spec
-from retire_core import gates, handoff, machine, reclaim
+from retire_core import connection, gates, handoff, machine, reclaim
 from retire_core.state import evolve as evolve_record
 from retire_spec import actions as A
 from retire_spec.expr import Interp, Val
@@ -57,6 +57,16 @@ class Mutant:
     configs: tuple[Config, ...]
     patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     actions: dict[str, A.Action] | None = None
+    # the checks that must each find it (``judge`` runs them whatever it is asked for): the
+    # explorer, and Z3 for spec mutants; Hypothesis alone for a bug of the batch path, which
+    # only the Hypothesis machine drives (``fuzz.LockstepMachine.engine_step``)
+    judged_by: tuple[str, ...] = ()
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        if self.judged_by:
+            return self.judged_by
+        return ("explorer",) if self.level == "core" else ("explorer", "z3")
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -262,6 +272,19 @@ def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
 # --- command mutants: the core decides right but tells the engine something else ----------------
 
 _apply = machine._apply
+_run_batch = connection.run_batch
+
+
+def _batch_losing_last_event(state: Any, events: Any, counts: list[int] | None = None) -> Any:
+    """``run_batch`` that leaves out the last event of a batch of several (its count stays, as
+    zero, so that the logged path's bookkeeping still lines up)."""
+    events = list(events)
+    if len(events) < 2:
+        return _run_batch(state, events, counts)
+    txn = _run_batch(state, events[:-1], counts)
+    if counts is not None:
+        counts.append(0)
+    return txn
 
 
 def _commands(edit: Callable[[Any, Any], list[Any]]) -> Callable[[], Any]:
@@ -595,6 +618,15 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         _without(rc.AllowWrite),
     ),
     Mutant(
+        "batch_loses_last_event",
+        "batch path (handle_batch)",
+        "core",
+        "Retire.handle_batch leaves out the last event of a batch of several",
+        (),
+        _p(connection, "run_batch", _batch_losing_last_event),
+        judged_by=("hypothesis",),
+    ),
+    Mutant(
         "cold_successor_pins",
         "cold successor inheriting",
         "core",
@@ -852,9 +884,7 @@ class Verdict:
 
     @property
     def killed(self) -> bool:
-        return "explorer" in self.killed_by and (
-            self.mutant.level == "core" or "z3" in self.killed_by
-        )
+        return all(check in self.killed_by for check in self.mutant.required)
 
 
 def z3_verdict(report: Any) -> str:
@@ -921,7 +951,7 @@ def judge(
         detail["z3"] = z3_verdict(report)
         if report.refuted:
             killed.append("z3")
-    if use_hypothesis and mutant.level == "core":
+    if (use_hypothesis or "hypothesis" in mutant.required) and mutant.level == "core":
         try:
             from retire_checks.fuzz import run_machine
         except ModuleNotFoundError as err:  # hypothesis is a dev extra

@@ -95,7 +95,11 @@ def test_without_the_engine_checks_command_mutants_survive(
 def test_mutant_is_killed(name: str) -> None:
     verdict = mutants.judge(mutants.MUTANTS[name])
     assert verdict.killed, f"{name} survived: {verdict.detail}"
-    assert verdict.counterexample is not None and verdict.counterexample.moves
+    if "explorer" in verdict.mutant.required:
+        assert verdict.counterexample is not None and verdict.counterexample.moves
+    else:  # a bug of the batch path: only the Hypothesis machine drives it
+        assert verdict.mutant.required == ("hypothesis",)
+        assert verdict.killed_by == ("hypothesis",)
     if verdict.mutant.level == "spec":
         assert "z3" in verdict.killed_by
     # the patch is undone afterwards
