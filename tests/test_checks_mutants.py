@@ -59,6 +59,7 @@ def test_every_command_class_has_a_dropped_or_distorted_mutant() -> None:
 # command/transition agreement, or the spec's own guards).
 ONLY_THE_ENGINE_SEES = (
     "fence_dropped",
+    "fence_partial",
     "admit_dropped",
     "admit_claims_adoption",
     "unpin_dropped",
