@@ -88,6 +88,10 @@ def _z3_job(bmc_depth: int, timeout_ms: int) -> dict[str, Any]:
         "bmc_status": report.bmc_status,
         "seconds": round(report.seconds, 2),
         "checks": len(report.checks),
+        "vacuity": report.vacuity,
+        "vacuity_checks": [
+            {"check": c.name, "status": c.status, "detail": c.detail} for c in report.vacuity_checks
+        ],
         "summary": report.summary(),
         "not_proved": [
             {"check": c.name, "status": c.status, "detail": c.detail}
@@ -111,6 +115,7 @@ def _run_tasks(tasks: list[tuple[str, Any, tuple[Any, ...]]], jobs: int) -> dict
     "check", "explore, prove and mutate: the protocol's machine-checked safety", _configure_check
 )
 def check(args: argparse.Namespace) -> int:
+    from retire_checks.engine import COMMANDS_CHECKED
     from retire_checks.explorer import PROFILES, ProfileResult, explore_job
     from retire_checks.mutants import CORE_MUTANTS, SPEC_MUTANTS
     from retire_spec.invariants import INVARIANTS, QUIESCENCE
@@ -173,9 +178,18 @@ def check(args: argparse.Namespace) -> int:
         "refinement": result.refinement(),
         "probes": {p: result.probes[p] for p in result.profile.required_probes},
         "z3": z3_results,
+        # the proofs are not vacuous: initial state and every guard with every hypothesis sat
+        "vacuity": z3_info.get("vacuity") is True,
         "mutants": {v["name"]: v["killed_by"] for v in verdicts},
         "mutants_total": len(verdicts),
         "mutants_killed": killed,
+        # the explorer's configurations, by name, in the order they are listed
+        "configurations": [c.name for c in profile.configs],
+        # command classes the engine's checks (``engine.obey``) met in this run: each one the
+        # core emitted was carried out on the engine's books and checked there
+        "commands_checked": [
+            n for n in COMMANDS_CHECKED if result.probes[f"command:{n}"] and result.exhaustive
+        ],
         # beyond the required keys
         "exhaustive": result.exhaustive,
         "missing_probes": list(result.missing_probes),
@@ -227,6 +241,7 @@ def check(args: argparse.Namespace) -> int:
         and report["refinement"]
         and all(v == "proved" for v in z3_results.values())
         and z3_info.get("bmc_status") == "clean"
+        and z3_info.get("vacuity") is True
         and (args.skip_mutants or (killed == len(verdicts) and len(verdicts) >= 15))
     )
     print(
@@ -234,7 +249,8 @@ def check(args: argparse.Namespace) -> int:
         f"{result.states:,} states ({result.states_per_second:,.0f}/s), "
         f"{len(result.profile.required_probes) - len(result.missing_probes)}/"
         f"{len(result.profile.required_probes)} probes, "
-        f"z3 {sum(v == 'proved' for v in z3_results.values())}/{len(z3_results)} proved, "
+        f"z3 {sum(v == 'proved' for v in z3_results.values())}/{len(z3_results)} proved"
+        f"{'' if z3_info.get('vacuity') is True else ' (VACUOUS or undecided)'}, "
         f"mutants {killed}/{len(verdicts)} killed, {seconds:.1f} s",
         file=out,
     )

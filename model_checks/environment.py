@@ -4,7 +4,10 @@
 (open, supersede, pause, unpause, cancel), engine behaviour (launch, receipt, emit a frame, deliver
 any in-flight frame in any order, allocate, attempt a write anywhere — including into pages the
 writer does not own, close a writer, corrupt a retained page, recycle a retained block id) and the
-engine's answer to a pending byte check. ``Budget`` bounds the moves that would otherwise make the
+engine's answer to a pending byte check. The engine obeys the core's commands (``engine``): it
+launches a participant only for a version an ``Admit`` started and no ``Fence`` stopped since,
+and allocates only pages the core's ``Free`` gave back (or never had); only the budgeted faults
+break its word. ``Budget`` bounds the moves that would otherwise make the
 world infinite (revisions per scope, faults). The Hypothesis state machine and the explorer both
 draw from this one list.
 """
@@ -121,7 +124,8 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
     used, closed = cells[_USED], cells[_CLOSED]
     running = [q for q in range(b.parts) if used[q] and not closed[q]]
     free_part = next((q for q in range(b.parts) if not used[q]), None)
-    if free_part is not None:
+    launchable = ls.launchable
+    if free_part is not None and launchable:
         for s in range(b.scopes):
             if modes[s] == UNOPENED:
                 continue
@@ -131,7 +135,9 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
                     ActionInstance("launch", (free_part, s, v)) for v in range(epochs[s] + 1)
                 )
             for inst in versions[: epochs[s] + 1]:
-                if ls.spec_enabled(inst):
+                # the engine launches only for a version it was admitted to run and that was
+                # not fenced since (``engine``); the spec's guard says the rest
+                if (s, inst.args[2]) in launchable and ls.spec_enabled(inst):
                     moves.append(inst)
     for q in running:
         moves.append(t.receipt[q])
@@ -183,7 +189,7 @@ class _Recorder:
     """A stand-in for a ``Lockstep`` that answers ``env_moves``'s guard questions from the real
     harness and records them (``Offers``)."""
 
-    __slots__ = ("asked", "faults", "ls", "pending_reports", "spec", "uni")
+    __slots__ = ("asked", "faults", "launchable", "ls", "pending_reports", "spec", "uni")
 
     def __init__(self, ls: Lockstep) -> None:
         self.ls = ls
@@ -191,6 +197,7 @@ class _Recorder:
         self.spec = ls.spec
         self.pending_reports = ls.pending_reports
         self.faults = ls.faults
+        self.launchable = ls.launchable
         self.asked: list[tuple[ActionInstance, bool]] = []
 
     def spec_enabled(self, inst: ActionInstance) -> bool:
@@ -203,7 +210,8 @@ class Offers:
     """``env_moves`` memoized on exactly what it reads. It reads eight columns of the spec state
     (scope modes, epochs and admission, participants used and closed, frame states, pages
     allocated and with an open writer), which scopes await a byte check, whether the fault
-    budget is spent, and the guards of the instances it asks ``spec_enabled`` about; which
+    budget is spent, the versions the engine may launch for, and the guards of the instances
+    it asks ``spec_enabled`` about; which
     instances it asks about depends on the former alone. So the memo is keyed in two levels:
     the projection finds the instances asked about (recorded on the first call), their guards
     are evaluated in the current state, and projection plus answers find the move list (and
@@ -250,6 +258,7 @@ class Offers:
             c[_WRITER],
             tuple(pending) if pending else (),
             ls.faults < self.budget.faults,
+            ls.launchable,
         )
 
 

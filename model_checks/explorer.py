@@ -33,6 +33,7 @@ import attrs
 
 import retire_core as rc
 from retire_checks.abstraction import Universe, canonical_function, fast_canonical
+from retire_checks.engine import COMMANDS_CHECKED, launchable_after
 from retire_checks.environment import Budget, Offers, apply_move, env_moves
 from retire_checks.lockstep import (
     _NOTHING,
@@ -124,7 +125,9 @@ REASONS = (
     "fence_write:writer_closed",
     "release:digest_mismatch",
     "release:generation_changed",
-    "late_report:retired_draining",
+    # (``late_report:retired_draining`` is not among them: a byte check's version was never
+    # admitted, so once the engine launches only admitted versions it has no participant, and
+    # no page either, since adoption comes after the report: the classification is unreachable)
     "late_report:retired_expired",
     "late_report:scope_cancelled",
 )
@@ -137,9 +140,14 @@ PATHS = (
     "path:publish_while_paused",  # pause keeps authority
     "path:cross_tenant_write_fenced",  # a write into another tenant's page is fenced
     "path:drop_two_versions_back",  # a frame arrives after two revisions
+    # a revision (ALIGN) while another scope of the same fingerprint holds a completed,
+    # writer-closed page with the revised context's prefix: only the owner check refuses it
+    "path:same_model_page_not_inherited",
     "path:quiescent",  # a state with nothing left to complete (checked against QUIESCENCE)
 )
-ALL_PROBES = STAGES + CORE_TRANSITIONS + ENV_MOVES + REASONS + PATHS
+# every command class the core can emit, met by the engine's checks (``engine.obey``)
+COMMANDS = tuple(f"command:{name}" for name in COMMANDS_CHECKED)
+ALL_PROBES = STAGES + CORE_TRANSITIONS + ENV_MOVES + REASONS + PATHS + COMMANDS
 
 
 def probe_hits(move: ActionInstance, out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
@@ -163,6 +171,7 @@ def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
     if "adopt" in actions and "release" in actions:
         hits.append("path:partial_adoption")
     for c in out.commands:
+        hits.append(f"command:{type(c).__name__}")
         if isinstance(c, rc.Unpin):
             if c.reason == "superseded_before_adoption":
                 hits.append("path:chain_collapse")
@@ -198,7 +207,30 @@ def dynamic_hits(out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
             s = _slot(t.scope)
             if before["page_fp"][t.arg("page")] != bounds.fingerprints[s]:
                 hits.append("path:cross_tenant_write_fenced")
+        elif a == "supersede" and twin_page(t, before, bounds):
+            hits.append("path:same_model_page_not_inherited")
     return hits
+
+
+def twin_page(t: rc.Transition, before: SpecState, bounds: Bounds) -> bool:
+    """Whether another scope of the revised scope's fingerprint has an allocated, completed,
+    writer-closed page whose prefix is the revised context's block at its position."""
+    s = _slot(t.scope)
+    context = t.arg("context") or ()
+    fp = bounds.fingerprints[s]
+    for p in range(bounds.pages):
+        pos = before["page_pos"][p]
+        if (
+            before["page_alloc"][p]
+            and before["page_owner"][p] != s
+            and before["page_fp"][p] == fp
+            and before["page_full"][p]
+            and not before["page_writer"][p]
+            and 0 <= pos < len(context)
+            and before["page_tok"][p] == context[pos]
+        ):
+            return True
+    return False
 
 
 class ProbeTally:
@@ -247,7 +279,7 @@ class ProbeTally:
 
 
 def _reads_before(t: rc.Transition) -> bool:
-    return t.action in ("publish", "drop") or (
+    return t.action in ("publish", "drop", "supersede") or (
         t.action == "fence_write" and t.reason == "page_of_another_scope"
     )
 
@@ -406,7 +438,9 @@ def _explore(
     offer = Offers(budget, COMPLETION)  # ``env_moves``, memoized on what it reads
     # parent map: fingerprint -> (parent fingerprint, move); the root maps to None.
     parents: dict[int, tuple[int, ActionInstance] | None] = {}
-    root = sym.fingerprint_raw(ls.core, ls.spec, ls.pending_reports, ls.faults, canonical)[0]
+    root = sym.fingerprint_raw(
+        ls.core, ls.spec, ls.pending_reports, ls.faults, canonical, ls.launchable
+    )[0]
     parents[root] = None
     transitions = 0
     max_depth = 0
@@ -461,6 +495,7 @@ def _explore(
                 break
         spec0 = ls.spec
         core0, launched0, pending0, faults0 = ls.core, ls.launched, ls.pending_reports, ls.faults
+        engine0 = ls.launchable
         cid0 = id(core0)
         for move in moves:
             transitions += 1
@@ -509,11 +544,12 @@ def _explore(
                         if legal(move):
                             raise RefinementError(f"the core refused {move}, which the spec allows")
                         core, spec, launched, pending = core0, spec0, launched0, pending0
+                        engine = engine0
                         out = _NOTHING
                     else:
                         # each spec step's guard is checked now, in the spec state it is
                         # taken in
-                        core, out, launches, pins, spec_steps = entry
+                        core, out, launches, pins, spec_steps, ops = entry
                         spec = spec0
                         if spec_steps:
                             for si, fn in spec_steps:
@@ -538,6 +574,7 @@ def _explore(
                                 pending[s] = v
                         else:
                             pending = pending0
+                        engine = launchable_after(engine0, ops) if ops else engine0
                         if core is core0 and not out.transitions and not out.commands:
                             ls.spec = spec0
                             if legal(move):
@@ -551,16 +588,16 @@ def _explore(
                         raise RefinementError(
                             f"the spec does not allow {move} here (after this step)"
                         )
-                    core, launched, pending = core0, launched0, pending0
+                    core, launched, pending, engine = core0, launched0, pending0, engine0
                     spec = intern(nxt.cells, nxt)
                     faults = faults0 + plan[2]
                     out = plan[4]
                 else:  # a byte-check report: through the harness
                     ls.core, ls.spec, ls.launched = core0, spec0, launched0
-                    ls.pending_reports, ls.faults = pending0, faults0
+                    ls.pending_reports, ls.faults, ls.launchable = pending0, faults0, engine0
                     out = step(move)
                     core, spec, launched = ls.core, ls.spec, ls.launched
-                    pending, faults = ls.pending_reports, ls.faults
+                    pending, faults, engine = ls.pending_reports, ls.faults, ls.launchable
             except RefinementError as err:
                 violation = Counterexample(
                     config, (*path_to(fp), move), str(err), violated=err.invariants
@@ -587,11 +624,12 @@ def _explore(
                 and pending is pending0
                 and faults == faults0
                 and launched is launched0
+                and engine == engine0
             ):
                 continue  # back in the state being expanded: already in ``parents``
             # raw joint states are keyed by the identities of their (interned) core and spec;
             # each entry holds both objects, so neither id is reused while it exists
-            raw = (id(core), id(spec), tuple(pending.items()) if pending else (), faults)
+            raw = (id(core), id(spec), tuple(pending.items()) if pending else (), faults, engine)
             fhit = fps.get(raw)
             if fhit is None:
                 if len(fps) >= memo.limit:
@@ -599,7 +637,7 @@ def _explore(
                 fhit = fps[raw] = (
                     core,
                     spec,
-                    *fingerprint_raw(core, spec, pending, faults, canonical),
+                    *fingerprint_raw(core, spec, pending, faults, canonical, engine),
                 )
             child = fhit[2]
             if child in parents:
@@ -612,6 +650,7 @@ def _explore(
                 pending,
                 faults,
             )
+            ls.launchable = engine
             try:
                 ls.check_state(fhit[3])
             except RefinementError as err:
@@ -622,7 +661,7 @@ def _explore(
             if depth + 1 > max_depth:
                 max_depth = depth + 1
             # ``launched`` and ``pending`` are copied on write by the harness: shared safely
-            queue.append(((core, spec, launched, pending, faults), child, depth + 1))
+            queue.append(((core, spec, launched, pending, faults, engine), child, depth + 1))
         if violation is not None:
             break
         memo.trim()
@@ -768,6 +807,14 @@ QUICK = Profile(
             Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
             cost=0.5,
         ),
+        # Two scopes of the same tenant and model (equal fingerprints) with the same context:
+        # only ALIGN's page-owner check keeps one scope's pages from the other's successor.
+        Config(
+            "twins",
+            Bounds(2, 2, 0, 1, 1, 1, ((1,),), (0, 0)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            cost=1,
+        ),
     ),
     ALL_PROBES,
 )
@@ -858,6 +905,23 @@ FULL = Profile(
             Bounds(2, 3, 1, 1, 1, 1, ((1,),), (0, 1)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
             cost=50,
+        ),
+        # two scopes of one tenant and model, each with a two-block handoff and one of two
+        # revised contexts, a fault: the page-owner check of ALIGN and adoption under load
+        Config(
+            "twins-handoff",
+            Bounds(2, 2, 0, 2, 2, 1, ((1, 2), (1, 3)), (0, 0)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+            cost=40,
+        ),
+        # two scopes of one tenant and model with pause, unpause and cancel, a late frame (one
+        # page: with two, 2.9 million states and 16 CPU minutes)
+        Config(
+            "twins-control",
+            Bounds(2, 2, 1, 1, 1, 1, ((1,),), (0, 0)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY),
+            cost=40,
         ),
     ),
     ALL_PROBES,

@@ -14,7 +14,7 @@ with the step that caused it. The engine's answers to commands (the byte check a
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -26,6 +26,7 @@ from retire_checks.abstraction import (
     abstract_control_cells,
     fast_canonical,
 )
+from retire_checks.engine import CommandViolation, launchable_after, obey
 from retire_spec.actions import ACTION_BY_NAME, Action, ActionInstance
 from retire_spec.codegen import Predicate, Successor, compiler
 from retire_spec.expr import Concrete
@@ -64,6 +65,26 @@ class Outcome:
 
 def _contract(reuse: bool) -> rc.Contract:
     return rc.DEFAULT_CONTRACT if reuse else rc.COLD_CONTRACT
+
+
+class _Lines:
+    """A logger that keeps every ``info`` line (so ``Retire.handle_batch`` logs per event)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.lines.append((event, fields))
+
+
+class _Quiet:
+    """A logger with INFO off (``Retire.handle_batch`` then takes its unlogged path)."""
+
+    def is_enabled_for(self, level: int) -> bool:
+        return False
+
+    def info(self, event: str, **fields: Any) -> None:  # pragma: no cover - never called
+        raise AssertionError("INFO is off")
 
 
 class StepMemo:
@@ -175,6 +196,9 @@ class Lockstep:
         self.launched: dict[int, tuple[int, int]] = {}
         self.pending_reports: dict[int, int] = {}  # scope slot -> version awaiting a byte check
         self.faults = 0  # corrupt and reuse_id moves so far (the environment's fault budget)
+        # (scope slot, version) pairs the engine may launch participants for: admitted by an
+        # ``Admit`` and not fenced since (``engine.obey``); replaced, never changed in place
+        self.launchable: frozenset[tuple[int, int]] = frozenset()
         # ``record``: keep the human-readable ``trace`` (the explorer turns it off and keeps a
         # parent map instead). ``check_each_step``: check refinement of the state and every
         # invariant after each step (the explorer turns it off and calls ``check_state`` once
@@ -189,10 +213,24 @@ class Lockstep:
     # ``launched`` and ``pending_reports`` are copied on write (the harness replaces them, it
     # never changes them in place), so a snapshot's own copies can be restored without copying.
     def snapshot(self) -> tuple[Any, ...]:
-        return (self.core, self.spec, dict(self.launched), dict(self.pending_reports), self.faults)
+        return (
+            self.core,
+            self.spec,
+            dict(self.launched),
+            dict(self.pending_reports),
+            self.faults,
+            self.launchable,
+        )
 
     def restore(self, snap: tuple[Any, ...]) -> None:
-        self.core, self.spec, self.launched, self.pending_reports, self.faults = snap
+        (
+            self.core,
+            self.spec,
+            self.launched,
+            self.pending_reports,
+            self.faults,
+            self.launchable,
+        ) = snap
 
     def key(self) -> tuple[Any, ...]:
         """Canonical identity of the joint state (the spec side in normal form)."""
@@ -202,6 +240,7 @@ class Lockstep:
             tuple(sorted(self.launched.items())),
             tuple(sorted(self.pending_reports.items())),
             self.faults,
+            tuple(sorted(self.launchable)),
         )
 
     # --- guards -------------------------------------------------------------------------
@@ -300,11 +339,13 @@ class Lockstep:
             return _NOTHING
         self._current_event = event
         outcome: Outcome
-        state, outcome, launches, pins, spec_steps = entry
+        state, outcome, launches, pins, spec_steps, ops = entry
         self._follow(spec_steps, launches, memo)
         self.core = state
         if pins:
             self._add_pins(pins)
+        if ops:
+            self.launchable = launchable_after(self.launchable, ops)
         rejected = state is core and not outcome.transitions and not outcome.commands
         if rejected and self._legal(inst):
             raise RefinementError(f"the core refused {inst}, which the spec allows")
@@ -488,7 +529,7 @@ class Lockstep:
                     memo.size += 1
             return _NOTHING
         outcome: Outcome
-        state, outcome, launches, pins, spec_steps = entry
+        state, outcome, launches, pins, spec_steps, ops = entry
         self._follow(spec_steps, launches, memo)
         if fresh:
             self._check_commands(outcome)
@@ -498,6 +539,8 @@ class Lockstep:
         self.core = state
         if pins:
             self._add_pins(pins)
+        if ops:
+            self.launchable = launchable_after(self.launchable, ops)
         if self.check_each_step:
             self.check_state()
         if self.record:
@@ -524,7 +567,9 @@ class Lockstep:
         """The core's step on ``event`` from the current core state, as a memo entry: the
         (interned) next state, the outcome, the participants launched, the byte checks
         requested and the spec instances its transitions stand for with their compiled
-        successor functions; ``_REJECTED`` for a typed refusal."""
+        successor functions, and what its ``Admit``/``Fence`` commands change in the versions the
+        engine may launch for; ``_REJECTED`` for a typed refusal. Raises ``RefinementError``
+        when the engine could not obey the commands (``engine.obey``)."""
         try:
             result = self.step_fn(self.core, event)
         except rc.RetireError:
@@ -544,12 +589,27 @@ class Lockstep:
             if isinstance(c, rc.PinCertified)
         )
         state = result.state
+        # The modelled engine carries the commands out (``engine.obey``): each must be one it
+        # can obey, none it needs may be missing; Admit and Fence change what it may launch.
+        try:
+            ops = obey(
+                self.core,
+                event,
+                state,
+                result.commands,
+                result.transitions,
+                self.uni.scope_slot,
+            )
+        except CommandViolation as err:
+            raise RefinementError(
+                f"the engine cannot obey the commands: {err} (after {self._last()})"
+            ) from err
         memo = self.memo
         if memo is not None:
             state = memo.cores.setdefault(state, state)  # equal core states: one object
         steps = tuple([si for si, _ in compiled])
         outcome = Outcome(result.commands, result.transitions, steps)
-        return (state, outcome, tuple(launches), pins, tuple(compiled))
+        return (state, outcome, tuple(launches), pins, tuple(compiled), ops)
 
     def _instance_of(self, t: rc.Transition) -> tuple[ActionInstance, Successor] | None:
         """``_spec_instance`` with its compiled successor function (``None`` for a stutter),
@@ -676,6 +736,75 @@ class Lockstep:
         return hit[1]
 
     _check = check_state
+
+    # --- step-grouped batches (``Retire.handle_batch``) -----------------------------------------
+    def batch(self, moves: Sequence[ActionInstance], *, logged: bool = True) -> Outcome:
+        """What one engine hook observed, handed to the core at once as the vLLM facade does:
+        the moves' events (built from the state before the batch, as the engine observes them)
+        go through ``Retire.handle_batch`` on a ``Retire`` holding the current core state, and
+        the same moves go one at a time through the checked lock-step path (refinement, the
+        engine's command checks, invariants). The batch must end in the same core state with the
+        same commands and transitions in the same order; if it refuses (a typed error: nothing
+        of it takes effect), some event must be one the core refuses on its own, and then the
+        harness is put back to where it was before the batch. ``logged``: through a logger that
+        records every line (``handle_batch`` then counts each event's transitions) or one with
+        INFO off (its unlogged path). Moves must be engine observations whose events do not
+        depend on the others' effects: frames delivered, allocations, write attempts (not
+        writer closures, whose digest is read when the event is built)."""
+        before = self.snapshot()
+        events = [self._event_for(m) for m in moves]
+        log = _Lines() if logged else _Quiet()
+        retire = rc.Retire(state=self.core, logger=log)
+        refused: rc.RetireError | None = None
+        commands: list[rc.Command] = []
+        try:
+            commands = retire.handle_batch(events)
+        except rc.RetireError as err:
+            refused = err
+        if self.record:
+            self.trace.append(f"batch of {len(moves)} ({'logged' if logged else 'unlogged'})")
+        outcomes = []
+        rejected = None
+        for m in moves:
+            core = self.core
+            out = self.env(m)
+            if self.core is core and not out.transitions and not out.commands:
+                rejected = rejected or m
+            outcomes.append(out)
+        want_commands = [c for o in outcomes for c in o.commands]
+        want_transitions = tuple(t for o in outcomes for t in o.transitions)
+        if refused is not None:
+            if rejected is None:
+                raise RefinementError(
+                    f"handle_batch refused the batch ({refused}), but the core accepts its "
+                    f"events one at a time (after {self._last()})"
+                )
+            self.restore(before)  # all or nothing: the batch took no effect
+            return _NOTHING
+        if rejected is not None:
+            raise RefinementError(
+                f"handle_batch accepted a batch with {rejected}, which the core refuses on its own"
+            )
+        problems = []
+        if retire.state != self.core:
+            problems.append("the final core state differs")
+        if commands != want_commands:
+            problems.append(f"commands {commands} != {want_commands} one at a time")
+        if retire.last_transitions != want_transitions:
+            problems.append("the transitions differ")
+        if logged and [line[1]["seq"] for line in log.lines] != list(
+            range(1, len(want_transitions) + 1)
+        ):
+            problems.append("the log lines are not one per transition, in order")
+        if problems:
+            raise RefinementError(
+                f"handle_batch of {[str(m) for m in moves]} is not the same as one at a time: "
+                f"{'; '.join(problems)}"
+            )
+        if self.memo is None:
+            self.core = retire.state  # the run goes on from the batch's own state (equal)
+        steps = tuple(si for o in outcomes for si in o.spec_steps)
+        return Outcome(tuple(commands), want_transitions, steps)
 
     # --- convenience for drivers ------------------------------------------------------------
     def in_flight(self) -> list[int]:

@@ -26,7 +26,7 @@ import attrs
 
 import retire_core as rc
 from retire_checks.explorer import QUICK, Config, Counterexample, explore, explore_spec
-from retire_core import gates, handoff, machine, reclaim
+from retire_core import connection, gates, handoff, machine, reclaim
 from retire_core.state import evolve as evolve_record
 from retire_spec import actions as A
 from retire_spec.expr import Interp, Val
@@ -57,6 +57,16 @@ class Mutant:
     configs: tuple[Config, ...]
     patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     actions: dict[str, A.Action] | None = None
+    # the checks that must each find it (``judge`` runs them whatever it is asked for): the
+    # explorer, and Z3 for spec mutants; Hypothesis alone for a bug of the batch path, which
+    # only the Hypothesis machine drives (``fuzz.LockstepMachine.engine_step``)
+    judged_by: tuple[str, ...] = ()
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        if self.judged_by:
+            return self.judged_by
+        return ("explorer",) if self.level == "core" else ("explorer", "z3")
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -238,8 +248,99 @@ def _certify_cold_too(txn: Any, scope: str) -> None:
     _certify(txn, scope)
 
 
+def _candidates_any_owner(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
+    """ALIGN's candidates without the owner check (the fingerprint is still compared): a
+    scope of the same tenant and model inherits another scope's pages."""
+    by_position: dict[int, list[Any]] = {}
+    for p, page in txn.pages.items():
+        if (
+            page.version < rec.epoch
+            and not page.pinned
+            and page.position < len(rec.context)
+            and page.prefix is not None
+            and page.fingerprint == rec.fingerprint
+            and page.prefix == rec.context[page.position]
+        ):
+            by_position.setdefault(page.position, []).append((p, page))
+    return by_position
+
+
 def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
     return lambda: mock.patch.object(target, name, value)
+
+
+# --- command mutants: the core decides right but tells the engine something else ----------------
+
+_apply = machine._apply
+_run_batch = connection.run_batch
+
+
+def _batch_losing_last_event(state: Any, events: Any, counts: list[int] | None = None) -> Any:
+    """``run_batch`` that leaves out the last event of a batch of several (its count stays, as
+    zero, so that the logged path's bookkeeping still lines up)."""
+    events = list(events)
+    if len(events) < 2:
+        return _run_batch(state, events, counts)
+    txn = _run_batch(state, events[:-1], counts)
+    if counts is not None:
+        counts.append(0)
+    return txn
+
+
+def _commands(edit: Callable[[Any, Any], list[Any]]) -> Callable[[], Any]:
+    """A mutant that runs every event as the core does and then rewrites the commands it
+    emits (``edit(txn, commands)`` returns the new list); the core's state and transitions are
+    left alone, so only the check of the commands against the engine's books can see it."""
+
+    def apply(txn: Any, event: Any) -> None:
+        _apply(txn, event)
+        if txn.commands:
+            txn.commands[:] = edit(txn, list(txn.commands))
+
+    return _p(machine, "_apply", apply)
+
+
+def _without(cls: type) -> Callable[[], Any]:
+    return _commands(lambda txn, cmds: [c for c in cmds if not isinstance(c, cls)])
+
+
+def _mapped(cls: type, fn: Callable[[Any, Any], Any]) -> Callable[[], Any]:
+    return _commands(lambda txn, cmds: [fn(txn, c) if isinstance(c, cls) else c for c in cmds])
+
+
+def _fence_first_only(txn: Any, c: rc.Fence) -> rc.Fence:
+    return attrs.evolve(c, participants=c.participants[:1])
+
+
+def _admit_next_version(txn: Any, c: rc.Admit) -> rc.Admit:
+    return attrs.evolve(c, version=c.version + 1)
+
+
+def _admit_claiming_blocks(txn: Any, c: rc.Admit) -> rc.Admit:
+    blocks = len(txn.scopes[c.scope].context)
+    return attrs.evolve(c, adopted_blocks=blocks, cold=False)
+
+
+def _adopt_previous_version(txn: Any, c: rc.Adopt) -> rc.Adopt:
+    return attrs.evolve(c, version=c.version - 1)
+
+
+def _drop_as_publish(txn: Any, c: rc.Drop) -> rc.Publish:
+    return rc.Publish(c.frame, c.scope, c.version, c.kind)
+
+
+def _fence_write_as_allow(txn: Any, c: rc.FenceWrite) -> rc.AllowWrite:
+    return rc.AllowWrite(c.page, c.participant)
+
+
+def _free_with_pinned(txn: Any, cmds: list[Any]) -> list[Any]:
+    pinned = tuple(p for p, page in txn.pages.items() if page.pinned)
+    return [
+        attrs.evolve(c, pages=c.pages + tuple(p for p in pinned if p not in c.pages))
+        if isinstance(c, rc.Free) and pinned
+        else c
+        for c in cmds
+    ]
 
 
 _C = CONFIGS
@@ -387,6 +488,143 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "a revision during a pending handoff forgets the certificate without unpinning",
         (_C["chain"],),
         _p(handoff, "release_certificate", _release_keeping_pins),
+    ),
+    Mutant(
+        "align_takes_same_tenant_page",
+        "ALIGN page owner ignored",
+        "core",
+        "ALIGN certifies matching pages of another scope of the same tenant and model",
+        (_C["twins"],),
+        _p(handoff, "_candidates", _candidates_any_owner),
+    ),
+    Mutant(
+        "fence_dropped",
+        "command dropped (Fence)",
+        "core",
+        "the core fences retired participants in its state but never tells the engine",
+        (_C["chain"],),
+        _without(rc.Fence),
+    ),
+    Mutant(
+        "fence_partial",
+        "command distorted (Fence)",
+        "core",
+        "a Fence names only the first of the retired version's running participants",
+        (_C["chain"],),
+        _mapped(rc.Fence, _fence_first_only),
+    ),
+    Mutant(
+        "admit_dropped",
+        "command dropped (Admit)",
+        "core",
+        "the core admits a version but never tells the engine to start it",
+        (_C["chain"],),
+        _without(rc.Admit),
+    ),
+    Mutant(
+        "admit_wrong_version",
+        "command distorted (Admit)",
+        "core",
+        "Admit names the version after the one admitted",
+        (_C["chain"],),
+        _mapped(rc.Admit, _admit_next_version),
+    ),
+    Mutant(
+        "admit_claims_adoption",
+        "command distorted (Admit)",
+        "core",
+        "Admit tells the engine every block of the context was adopted",
+        (_C["chain"],),
+        _mapped(rc.Admit, _admit_claiming_blocks),
+    ),
+    Mutant(
+        "pin_certified_dropped",
+        "command dropped (PinCertified)",
+        "core",
+        "ALIGN pins the certificate in the core's state but never asks the engine to pin",
+        (_C["chain"],),
+        _without(rc.PinCertified),
+    ),
+    Mutant(
+        "adopt_dropped",
+        "command dropped (Adopt)",
+        "core",
+        "RESUME adopts pages in the core's state but never hands them to the engine",
+        (_C["chain"],),
+        _without(rc.Adopt),
+    ),
+    Mutant(
+        "adopt_wrong_version",
+        "command distorted (Adopt)",
+        "core",
+        "Adopt hands the pages to the predecessor's version instead of the successor's",
+        (_C["chain"],),
+        _mapped(rc.Adopt, _adopt_previous_version),
+    ),
+    Mutant(
+        "unpin_dropped",
+        "command dropped (Unpin)",
+        "core",
+        "released handoff pins are never released in the engine",
+        (_C["chain"],),
+        _without(rc.Unpin),
+    ),
+    Mutant(
+        "free_dropped",
+        "command dropped (Free)",
+        "core",
+        "RECLAIM forgets pages but never gives them back to the engine",
+        (_C["chain"],),
+        _without(rc.Free),
+    ),
+    Mutant(
+        "free_pinned_page",
+        "command distorted (Free)",
+        "core",
+        "a Free also names every page that still carries a handoff pin",
+        (_C["handoff"],),
+        _commands(_free_with_pinned),
+    ),
+    Mutant(
+        "drop_published",
+        "command distorted (Drop)",
+        "core",
+        "a frame the gate dropped is sent to the engine as Publish",
+        (_C["chain"],),
+        _mapped(rc.Drop, _drop_as_publish),
+    ),
+    Mutant(
+        "publish_dropped",
+        "command dropped (Publish)",
+        "core",
+        "a frame the gate published never reaches the engine",
+        (_C["chain"],),
+        _without(rc.Publish),
+    ),
+    Mutant(
+        "fence_write_allowed",
+        "command distorted (FenceWrite)",
+        "core",
+        "a write the isolation gate fenced is sent to the engine as AllowWrite",
+        (_C["chain"],),
+        _mapped(rc.FenceWrite, _fence_write_as_allow),
+    ),
+    Mutant(
+        "allow_write_dropped",
+        "command dropped (AllowWrite)",
+        "core",
+        "a write the gate allowed is never answered",
+        (_C["chain"],),
+        _without(rc.AllowWrite),
+    ),
+    Mutant(
+        "batch_loses_last_event",
+        "batch path (handle_batch)",
+        "core",
+        "Retire.handle_batch leaves out the last event of a batch of several",
+        (),
+        _p(connection, "run_batch", _batch_losing_last_event),
+        judged_by=("hypothesis",),
     ),
     Mutant(
         "cold_successor_pins",
@@ -646,9 +884,25 @@ class Verdict:
 
     @property
     def killed(self) -> bool:
-        return "explorer" in self.killed_by and (
-            self.mutant.level == "core" or "z3" in self.killed_by
+        return all(check in self.killed_by for check in self.mutant.required)
+
+
+def z3_verdict(report: Any) -> str:
+    """What Z3 said about a mutant's spec. Only a refutation kills: a query Z3 answered with a
+    model (an initiation failure or a counterexample to induction: the mutant's invariants are
+    no longer inductive) or a BMC trace from the initial state. A query that timed out or came
+    back ``unknown`` kills nothing, however many of them there are."""
+    refuted = report.refuted
+    undecided = [c.name for c in report.checks if c.status == "unknown"]
+    if report.bmc_status == "unknown":
+        undecided.append("bmc")
+    if refuted:
+        return f"refuted (a model breaks it): {list(refuted[:4])}" + (
+            f"; {len(undecided)} undecided" if undecided else ""
         )
+    if undecided:
+        return f"NOT refuted: {len(undecided)} queries unknown/timed out {undecided[:4]}"
+    return "every invariant still proved"
 
 
 def judge(
@@ -686,21 +940,18 @@ def judge(
         from retire_checks.proofs import prove
 
         assert mutant.actions is not None
+        # A model is its own witness of satisfiability, so the vacuity queries add nothing to
+        # a kill; they are skipped here (``retire check`` runs them on the real spec).
         report = prove(
             actions=tuple(mutant.actions.values()),
             timeout_ms=z3_timeout_ms,
             bmc_depth=bmc_depth,
+            check_vacuity=False,
         )
-        failed = {k: v for k, v in report.results.items() if v != "proved"}
-        if failed or report.bmc_status == "violated":
+        detail["z3"] = z3_verdict(report)
+        if report.refuted:
             killed.append("z3")
-            broken = [c.name for c in report.checks if c.status != "proved"]
-            detail["z3"] = f"not inductive any more: {broken[:4]}" + (
-                f"; bmc: {report.bmc_status}" if bmc_depth else ""
-            )
-        else:
-            detail["z3"] = "every invariant still proved"
-    if use_hypothesis and mutant.level == "core":
+    if (use_hypothesis or "hypothesis" in mutant.required) and mutant.level == "core":
         try:
             from retire_checks.fuzz import run_machine
         except ModuleNotFoundError as err:  # hypothesis is a dev extra

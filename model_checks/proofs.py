@@ -172,16 +172,43 @@ class ProofReport:
     bmc_depth: int
     bmc_status: str  # "clean" (no violation up to depth), "violated", "unknown"
     seconds: float
+    # Non-vacuity: the initial state is satisfiable, and so is every action's guard together
+    # with every induction hypothesis (else a consecution check is unsat for nothing). ``None``
+    # when ``prove`` was asked not to check it; ``False`` if any query was unsat *or* unknown.
+    vacuity: bool | None = None
+    vacuity_checks: tuple[Check, ...] = ()
 
     @property
     def all_proved(self) -> bool:
-        return all(v == PROVED for v in self.results.values()) and self.bmc_status == "clean"
+        return (
+            all(v == PROVED for v in self.results.values())
+            and self.bmc_status == "clean"
+            and self.vacuity is not False
+        )
+
+    @property
+    def refuted(self) -> tuple[str, ...]:
+        """The queries Z3 answered with a model that breaks a property: an initiation failure,
+        a counterexample to induction, or a BMC trace from the initial state. Only these refute
+        the spec; a timeout (``unknown``) refutes nothing."""
+        found = [c.name for c in self.checks if c.status == VIOLATED]
+        if self.bmc_status == VIOLATED:
+            found.append(f"bmc to depth {self.bmc_depth}")
+        return tuple(found)
 
     def summary(self) -> str:
         lines = [f"z3 ({self.seconds:.1f} s, {len(self.checks)} queries):"]
         for name, status in self.results.items():
             lines.append(f"  {status:<8} {name}")
         lines.append(f"  bmc to depth {self.bmc_depth}: {self.bmc_status}")
+        if self.vacuity is not None:
+            lines.append(
+                f"  vacuity: {'not vacuous' if self.vacuity else 'VACUOUS OR UNDECIDED'} "
+                f"({len(self.vacuity_checks)} satisfiability queries)"
+            )
+            for c in self.vacuity_checks:
+                if c.status != "sat":
+                    lines.append(f"    [{c.status}] {c.name}: {c.detail}")
         if self.bmc is not None:
             lines.append(f"    violates {list(self.bmc.violated)} after:")
             lines.extend(f"      {n}. {s}" for n, s in enumerate(self.bmc.steps, 1))
@@ -217,13 +244,21 @@ def prove(
     timeout_ms: int = 20_000,
     bmc_depth: int = 3,
     replay: bool = True,
+    check_vacuity: bool = True,
 ) -> ProofReport:
-    """Initiation and consecution of every invariant and auxiliary invariant, then BMC."""
+    """Initiation and consecution of every invariant and auxiliary invariant, then BMC; with
+    ``check_vacuity``, first that none of it holds vacuously (``vacuity``)."""
     t0 = time.perf_counter()
     I = Symbolic()
+    actions = tuple(actions)
     props = list(invariants) + list(aux)
     status: dict[str, str] = {p.name: PROVED for p in props}
     checks: list[Check] = []
+    vacuity: bool | None = None
+    vacuity_checks: tuple[Check, ...] = ()
+    if check_vacuity:
+        vacuity_checks = non_vacuity(props, actions, timeout_ms)
+        vacuity = all(c.status == "sat" for c in vacuity_checks)
 
     def worsen(name: str, new: str) -> None:
         if status[name] == VIOLATED or new == PROVED:
@@ -276,8 +311,45 @@ def prove(
         for name in trace.violated:
             status[name] = VIOLATED
     return ProofReport(
-        status, tuple(checks), trace, bmc_depth, bmc_status, time.perf_counter() - t0
+        status,
+        tuple(checks),
+        trace,
+        bmc_depth,
+        bmc_status,
+        time.perf_counter() - t0,
+        vacuity,
+        vacuity_checks,
     )
+
+
+def non_vacuity(
+    props: Sequence[Invariant], actions: Iterable[Action] = ACTIONS, timeout_ms: int = 20_000
+) -> tuple[Check, ...]:
+    """The satisfiability queries that make the proofs non-vacuous: the initial state (an
+    unsatisfiable one would make every initiation check unsat), and for every action its guard
+    together with every property as induction hypothesis (a contradiction among them would
+    make that action's consecution check unsat whatever the effect). Each check's status is
+    ``sat``, ``unsat`` or ``unknown``; only ``sat`` counts as non-vacuous."""
+    I = Symbolic()
+    out: list[Check] = []
+
+    def ask(name: str, *constraints: Any) -> None:
+        s = _solver(timeout_ms)
+        s.add(*constraints)
+        t = time.perf_counter()
+        r = s.check()
+        status = "sat" if r == z3.sat else "unsat" if r == z3.unsat else "unknown"
+        why = s.reason_unknown() if r != z3.sat and r != z3.unsat else ""
+        out.append(Check(name, status, time.perf_counter() - t, why))
+
+    st0 = I.symbolic_state("vac_init")
+    ask("initial state", I.initial_constraint(st0))
+    pre = I.symbolic_state("vac_pre")
+    hypothesis = [p.holds(I, pre) for p in props]
+    for action in actions:
+        params = I.action_params(action, "vac")
+        ask(f"hypotheses ∧ guard: {action.name}", *hypothesis, I._b(action.guard(I, pre, *params)))
+    return tuple(out)
 
 
 # --- bounded model checking --------------------------------------------------------------------
@@ -525,7 +597,18 @@ def _legal_env(ls: Any, move: ActionInstance) -> bool:
         return bool(ls.spec["part_used"][q] and not ls.spec["part_closed"][q])
     if move.name == "receipt" and move.args[0] not in ls.launched:
         return False
+    if move.name == "launch" and (move.args[1], move.args[2]) not in ls.launchable:
+        return False  # the engine launches only admitted, unfenced versions
     return bool(ls.spec_enabled(move))
 
 
-__all__ = ["AUX", "PROVED", "UNKNOWN", "VIOLATED", "ProofReport", "bmc", "prove"]
+__all__ = [
+    "AUX",
+    "PROVED",
+    "UNKNOWN",
+    "VIOLATED",
+    "ProofReport",
+    "bmc",
+    "non_vacuity",
+    "prove",
+]

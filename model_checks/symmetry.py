@@ -1,6 +1,7 @@
 """Symmetry reduction: one fingerprint per orbit of joint states under renaming of identities.
 
-The explorer's joint state is (core state, spec state, pending byte checks, faults used). Scope
+The explorer's joint state is (core state, spec state, pending byte checks, faults used, the
+versions the engine may launch for). Scope
 slots of the same tenant class are interchangeable, tenants are interchangeable (fingerprint
 values are only ever compared for equality, by the spec and by the core), and so are participant
 and frame slots. ``Symmetry.fingerprint`` picks a renaming of the state — a scope permutation
@@ -153,12 +154,26 @@ class Symmetry:
         self._raw: dict[int, tuple[SpecState, SpecState, Any]] = {}
 
     def fingerprint(
-        self, core: rc.CoreState, spec: SpecState, pending: Mapping[int, int], faults: int
+        self,
+        core: rc.CoreState,
+        spec: SpecState,
+        pending: Mapping[int, int],
+        faults: int,
+        launchable: frozenset[tuple[int, int]] = frozenset(),
     ) -> int:
-        """``spec`` must be in canonical form (``abstraction.fast_canonical``)."""
+        """``spec`` must be in canonical form (``abstraction.fast_canonical``). ``launchable``:
+        the (scope slot, version) pairs the engine may launch for (``Lockstep.launchable``)."""
         if not self.enabled:
-            return hash((core, spec.cells, tuple(sorted(pending.items())), faults))
-        return self._combine(self._renamed(spec), core, pending, faults)
+            return hash(
+                (
+                    core,
+                    spec.cells,
+                    tuple(sorted(pending.items())),
+                    faults,
+                    tuple(sorted(launchable)),
+                )
+            )
+        return self._combine(self._renamed(spec), core, pending, faults, launchable)
 
     def fingerprint_raw(
         self,
@@ -167,6 +182,7 @@ class Symmetry:
         pending: Mapping[int, int],
         faults: int,
         canonical: Callable[[SpecState], SpecState],
+        launchable: frozenset[tuple[int, int]] = frozenset(),
     ) -> tuple[int, SpecState]:
         """``fingerprint(core, canonical(spec), pending, faults)`` and ``canonical(spec)``, for a
         spec state that is not (necessarily) canonical. Its half is memoized by the identity of
@@ -187,8 +203,8 @@ class Symmetry:
         canon = found[1]
         renamed = found[2]
         if renamed is None:
-            return self.fingerprint(core, canon, pending, faults), canon
-        return self._combine(renamed, core, pending, faults), canon
+            return self.fingerprint(core, canon, pending, faults, launchable), canon
+        return self._combine(renamed, core, pending, faults, launchable), canon
 
     def _renamed(self, spec: SpecState) -> list[tuple[int, int, tuple[str, ...]]]:
         renamed = self._specs.get(spec)
@@ -208,20 +224,23 @@ class Symmetry:
         core: rc.CoreState,
         pending: Mapping[int, int],
         faults: int,
+        launchable: frozenset[tuple[int, int]] = frozenset(),
     ) -> int:
         if len(renamed) == 1:
             spec_hash, r, parts = renamed[0]
-            if pending:
+            if pending or launchable:
                 slots = self.renamings[r].slots
                 pend = tuple(sorted((slots[s], v) for s, v in pending.items()))
+                eng = tuple(sorted((slots[s], v) for s, v in launchable))
             else:
-                pend = ()
-            return hash((hash((spec_hash, pend, faults)), self._core_hash(core, r, parts)))
+                pend = eng = ()
+            return hash((hash((spec_hash, pend, faults, eng)), self._core_hash(core, r, parts)))
         candidates = []
         for spec_hash, r, parts in renamed:
             slots = self.renamings[r].slots
             pend = tuple(sorted((slots[s], v) for s, v in pending.items()))
-            candidates.append((hash((spec_hash, pend, faults)), r, parts))
+            eng = tuple(sorted((slots[s], v) for s, v in launchable))
+            candidates.append((hash((spec_hash, pend, faults, eng)), r, parts))
         best = min(c[0] for c in candidates)
         return min(
             hash((h, self._core_hash(core, r, parts))) for h, r, parts in candidates if h == best

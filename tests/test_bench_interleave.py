@@ -28,6 +28,7 @@ def test_measure_runs_one_forward_per_step_and_pass() -> None:
         measure(timer._initial, outside, lambda: None)
 
 
+@pytest.mark.vllm  # needs torch/transformers, which only the vLLM extras install
 def test_decoder_decodes_one_token_per_sequence_per_step(tmp_path: Path) -> None:
     """A model directory is loaded as the benchmark loads the default model, and each ``step``
     extends every sequence's KV cache by exactly one token."""
@@ -57,6 +58,7 @@ def test_decoder_decodes_one_token_per_sequence_per_step(tmp_path: Path) -> None
         build_model("llama-2t", "cpu")
 
 
+@pytest.mark.vllm  # needs torch/transformers, which only the vLLM extras install
 def test_bad_arguments_are_refused_before_any_model_is_built(tmp_path: Path) -> None:
     from retire_bench.interleave import GraphStep, main
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from retire_checks.cli import main
-from retire_checks.explorer import ALL_PROBES
+from retire_checks.engine import COMMANDS_CHECKED
+from retire_checks.explorer import ALL_PROBES, QUICK
+from retire_checks.mutants import MUTANTS
 from retire_spec.invariants import INVARIANTS, QUIESCENCE
 
 REQUIRED_KEYS = {
@@ -47,13 +50,45 @@ def test_retire_check_quick_profile(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert all(hits > 0 for hits in report["probes"].values())
     assert report["z3"] and all(v == "proved" for v in report["z3"].values())
     assert report["z3_bmc"]["status"] == "clean"
+    assert report["vacuity"] is True
+    assert report["configurations"] == [c.name for c in QUICK.configs]
+    assert "twins" in report["configurations"]  # two scopes of one tenant and fingerprint
+    assert report["commands_checked"] == list(COMMANDS_CHECKED)
+    assert report["mutants_total"] >= 40
     assert report["mutants_total"] >= 15
     assert report["mutants_killed"] == report["mutants_total"]
-    assert all("explorer" in checks for checks in report["mutants"].values())
+    for name, checks in report["mutants"].items():
+        assert set(checks) >= set(MUTANTS[name].required), name
     assert all(
         "z3" in checks for name, checks in report["mutants"].items() if name.startswith("spec_")
     )
     assert "retire check --profile quick: OK" in out
+
+
+def test_a_vacuous_proof_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``vacuity`` comes from ``prove`` itself: when one of its satisfiability queries is not
+    ``sat`` the report says ``"vacuity": false`` and ``retire check`` fails, although every
+    invariant is still reported proved."""
+    from retire_checks import proofs
+
+    real = proofs.non_vacuity
+
+    def one_unsat(*args: Any, **kwargs: Any) -> tuple[proofs.Check, ...]:
+        checks = real(*args, **kwargs)
+        return (proofs.Check("hypotheses ∧ guard: publish", "unsat", 0.0), *checks[1:])
+
+    monkeypatch.setattr(proofs, "non_vacuity", one_unsat)
+    report_path = tmp_path / "report.json"
+    code = main(
+        ["check", "--json", str(report_path), "--no-progress", "--skip-mutants", "--jobs", "1"]
+    )
+    out = capsys.readouterr().out
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    assert report["vacuity"] is False
+    assert all(v == "proved" for v in report["z3"].values())
+    assert code == 1 and "retire check --profile quick: FAILED" in out
 
 
 def test_bad_usage_exits_2() -> None:

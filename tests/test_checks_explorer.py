@@ -292,3 +292,28 @@ def test_trimmed_memos_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         want.quiescent,
     )
     assert got.probes == want.probes
+
+
+def test_the_engine_launches_only_admitted_unfenced_versions() -> None:
+    """The environment obeys the core: a version is launched only after its ``Admit`` and not
+    after a ``Fence`` of it; a version retired with nothing running (no ``Fence``) may still
+    see a launch racing the revision, which the core then fences."""
+    b = Bounds(1, 3, 0, 1, 1, 2, ((1,), (2,)), (0,))
+
+    def launches(ls: Lockstep) -> set[int]:
+        return {m.args[2] for m in env_moves(ls, Budget()) if m.name == "launch"}
+
+    ls = Lockstep(Universe.of(b))
+    assert launches(ls) == set()
+    apply_move(ls, A("open", (0, (1,), False)))  # Admit(s0, 0)
+    assert launches(ls) == {0}
+    apply_move(ls, A("launch", (0, 0, 0)))
+    apply_move(ls, A("supersede", (0, (2,), False)))  # Fence(s0, 0, q0), cold Admit(s0, 1)
+    assert launches(ls) == {1}
+    racing = Lockstep(Universe.of(b))
+    apply_move(racing, A("open", (0, (1,), False)))
+    apply_move(racing, A("supersede", (0, (2,), False)))  # nothing ran: no Fence
+    assert launches(racing) == {0, 1}
+    out = apply_move(racing, A("launch", (0, 0, 0)))
+    assert [type(c).__name__ for c in out.commands] == ["Fence"]
+    assert launches(racing) == {1}

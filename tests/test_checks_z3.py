@@ -4,12 +4,13 @@ is caught."""
 
 from __future__ import annotations
 
-import z3
+import attrs
+import pytest
 
-from retire_checks.mutants import MUTANTS
-from retire_checks.proofs import AUX, PROVED, bmc, prove
-from retire_checks.z3_interp import Symbolic
-from retire_spec.actions import ACTIONS
+from retire_checks import proofs
+from retire_checks.mutants import MUTANTS, judge
+from retire_checks.proofs import AUX, PROVED, UNKNOWN, bmc, prove
+from retire_spec.actions import ACTION_BY_NAME, ACTIONS
 from retire_spec.invariants import INVARIANTS, Invariant
 from retire_spec.schema import PUBLISHED
 
@@ -19,20 +20,58 @@ def test_every_invariant_and_aux_invariant_is_proved_inductive() -> None:
     assert set(report.results) == {i.name for i in INVARIANTS} | {a.name for a in AUX}
     assert all(v == PROVED for v in report.results.values()), report.summary()
     assert report.bmc_status == "clean"
+    # not vacuous: the initial state, and every guard with every hypothesis, is satisfiable
+    assert report.vacuity is True and report.all_proved
+    assert len(report.vacuity_checks) == 1 + len(ACTIONS)
+    assert all(c.status == "sat" for c in report.vacuity_checks)
     # one initiation check per property, at least one consecution check per action
     assert len(report.checks) >= len(report.results) + len(ACTIONS)
 
 
-def test_the_induction_hypotheses_are_satisfiable_for_every_action() -> None:
-    """A contradictory hypothesis would make every consecution check vacuously unsat."""
-    I = Symbolic()
-    pre = I.symbolic_state("pre")
-    hypothesis = [p.holds(I, pre) for p in (*INVARIANTS, *AUX)]
-    for action in ACTIONS:
-        s = z3.Solver()
-        s.set("timeout", 30_000)
-        s.add(*hypothesis, I._b(action.guard(I, pre, *I.action_params(action, "x"))))
-        assert s.check() == z3.sat, action.name
+def _false(I: object, st: object) -> object:
+    return I.lit(False)  # type: ignore[attr-defined]
+
+
+def test_a_contradictory_hypothesis_makes_the_proof_vacuous() -> None:
+    """``prove`` checks that its hypotheses and every guard are satisfiable together: an
+    auxiliary invariant that contradicts itself (which makes every consecution check unsat)
+    is reported as vacuous, and the report is not a proof."""
+    bogus = Invariant("contradiction", "false", _false)
+    report = prove(aux=(*AUX, bogus), bmc_depth=0, timeout_ms=30_000)
+    assert report.vacuity is False
+    assert not report.all_proved
+    bad = [c.name for c in report.vacuity_checks if c.status != "sat"]
+    assert bad and all(name.startswith("hypotheses") for name in bad)
+    assert len(bad) == len(ACTIONS)  # the initial state itself is still satisfiable
+
+
+def test_an_unsatisfiable_guard_makes_the_proof_vacuous() -> None:
+    """An action whose guard can never hold proves every invariant for nothing."""
+    dead = attrs.evolve(ACTION_BY_NAME["publish"], guard=lambda I, st, f: I.lit(False))
+    actions = tuple(dead if a.name == "publish" else a for a in ACTIONS)
+    report = prove(actions=actions, bmc_depth=0, timeout_ms=30_000)
+    assert all(v == PROVED for v in report.results.values())  # proved, but vacuously so
+    assert report.vacuity is False and not report.all_proved
+    assert [c.name for c in report.vacuity_checks if c.status != "sat"] == [
+        "hypotheses ∧ guard: publish"
+    ]
+
+
+def test_a_z3_timeout_does_not_kill_a_spec_mutant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a model (a counterexample to induction or a BMC trace) refutes a mutant's spec: when
+    every query comes back unknown (as on a timeout), Z3 kills nothing and the spec mutant,
+    which needs both the spec explorer and Z3, is not counted as killed."""
+    mutant = MUTANTS["spec_stale_token_published"]
+    assert "z3" in judge(mutant).killed_by  # the real answer: refuted
+
+    def undecided(solver: object) -> tuple[str, None, str]:
+        return UNKNOWN, None, "timeout (simulated)"
+
+    monkeypatch.setattr(proofs, "_check", undecided)
+    verdict = judge(mutant, bmc_depth=2)
+    assert "z3" not in verdict.killed_by
+    assert "explorer" in verdict.killed_by and not verdict.killed
+    assert verdict.detail["z3"].startswith("NOT refuted")
 
 
 def _nothing_published(I: object, st: object) -> object:

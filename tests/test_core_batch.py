@@ -56,7 +56,9 @@ def walk(seed: int, moves: int = 80) -> tuple[int, list[Any], list[Any]]:
         accepted.append(event)
         return result
 
-    ls = Lockstep(Universe.of(BOUNDS), step_fn=recording_step, ledger_size=ledger)
+    # odd seeds: both scopes of one tenant and model (equal fingerprints)
+    bounds = BOUNDS if seed % 2 == 0 else attrs.evolve(BOUNDS, fingerprints=(0, 0))
+    ls = Lockstep(Universe.of(bounds), step_fn=recording_step, ledger_size=ledger)
     budget = Budget(faults=2, partial_writes=True)
     for _ in range(moves):
         if ls.pending_reports and rng.random() < 0.3:
@@ -666,3 +668,36 @@ def test_reading_pages_during_a_fence_is_caught(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(reclaim_module, "_nothing_drained", lambda *_: False)
     with pytest.raises(AssertionError):
         test_a_receipt_before_the_last_reads_no_page(monkeypatch)
+
+
+def test_lockstep_batches_are_checked_against_one_at_a_time() -> None:
+    """``Lockstep.batch`` (what the Hypothesis machine's ``engine_step`` drives): a batch that
+    equals its events one at a time goes through, a refused one leaves both sides as they were,
+    and a ``handle_batch`` that loses an event is caught."""
+    from retire_checks.lockstep import RefinementError
+    from retire_checks.mutants import MUTANTS
+
+    def started() -> Lockstep:
+        ls = Lockstep(Universe.of(BOUNDS))
+        ls.env(ActionInstance("open", (0, (1, 2), True)))
+        ls.env(ActionInstance("launch", (0, 0, 0)))
+        return ls
+
+    step = [
+        ActionInstance("allocate", (0, 0, 0)),
+        ActionInstance("attempt_write", (0, 0, True)),
+        ActionInstance("allocate", (1, 0, 1)),
+    ]
+    for logged in (True, False):
+        ls = started()
+        out = ls.batch(step, logged=logged)
+        assert [t.action for t in out.transitions] == ["allocate", "write", "allocate"]
+        assert sorted(ls.core.pages) == [0, 1]
+        before = ls.snapshot()
+        again = ls.batch([ActionInstance("attempt_write", (0, 0, True)), step[2]])
+        assert again.transitions == () and again.commands == ()  # page 1 is in use: refused
+        assert ls.core is before[0] and ls.spec is before[1]
+    with MUTANTS["batch_loses_last_event"].active():
+        for logged in (True, False):
+            with pytest.raises(RefinementError, match="not the same as one at a time"):
+                started().batch(step, logged=logged)

@@ -41,6 +41,14 @@ RARE_PATHS = (
     "rejected:DuplicateReceiptError",
     "rejected:DoubleFreeError",
     "path:revision_chain",
+    # a revision while a scope of the same tenant and model holds a page with the prefix
+    "path:same_model_page_not_inherited",
+    # step-grouped batches through Retire.handle_batch (``engine_step``): several events at
+    # once, both logging paths, and a batch refused as a whole
+    "batch:several_events",
+    "batch:logged",
+    "batch:unlogged",
+    "batch:refused",
 )
 
 
