@@ -81,7 +81,7 @@ def obey(
         held.add(event.page)  # the engine allocated it: that is the event
     adopted: dict[tuple[str, int], int] = {}
     fenced: set[tuple[str, str]] = set()
-    admits: list[tuple[str, int, int, bool]] = []
+    admits: list[tuple[Any, Any, Any, Any]] = []
     frames: list[tuple[Any, ...]] = []
     writes: list[tuple[Any, ...]] = []
     ops: list[EngineOp] = []
@@ -167,7 +167,7 @@ def obey(
             f"after the commands the engine holds pages {sorted(held)}, but the core tracks "
             f"{sorted(after.pages)}"
         )
-    want_admits = []
+    want_admits: list[tuple[Any, Any, Any, Any]] = []
     for tr in transitions:
         if tr.action == "open":
             want_admits.append((tr.scope, 0, 0, True))

@@ -792,7 +792,7 @@ class Lockstep:
             problems.append(f"commands {commands} != {want_commands} one at a time")
         if retire.last_transitions != want_transitions:
             problems.append("the transitions differ")
-        if logged and [line[1]["seq"] for line in log.lines] != list(
+        if isinstance(log, _Lines) and [line[1]["seq"] for line in log.lines] != list(
             range(1, len(want_transitions) + 1)
         ):
             problems.append("the log lines are not one per transition, in order")

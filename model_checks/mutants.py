@@ -272,7 +272,7 @@ def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
 # --- command mutants: the core decides right but tells the engine something else ----------------
 
 _apply = machine._apply
-_run_batch = connection.run_batch
+_run_batch = machine.run_batch
 
 
 def _batch_losing_last_event(state: Any, events: Any, counts: list[int] | None = None) -> Any:
