@@ -227,10 +227,22 @@ class Arm:
     async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
         raise NotImplementedError
 
-    async def cancel(self, scope: str) -> None:
+    def retiring(self, scope: str) -> Stream:
+        """The application's immediate reaction when it decides that the scope's current version
+        is obsolete: runs synchronously at that moment (the harness calls it before it lets
+        anything else run, ``revise`` and ``cancel`` call it too); idempotent."""
         old = self.current[scope]
-        old.retired_at = self.app.clock()
-        old.delivering = False
+        if old.retired_at is None:
+            old.retired_at = self.app.clock()
+            self.on_retired(old)
+        return old
+
+    def on_retired(self, old: Stream) -> None:
+        """What the arm does to the old stream the moment it is obsolete (default: nothing)."""
+
+    async def cancel(self, scope: str) -> None:
+        old = self.retiring(scope)
+        self.app.discard(old)
         await self.app.close_stream(old)
 
     def admit(self, chunk: Chunk) -> bool:
@@ -247,10 +259,9 @@ class HttpAbort(Arm):
     name = "http_abort"
 
     async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
-        old = self.current[scope]
+        old = self.retiring(scope)
         stream = self._new(scope, version)
         self.current[scope] = stream
-        old.retired_at = self.app.clock()
         await self.app.close_stream(old)  # what is already in the inbox stays there
         await self.app.send(stream, prompt, max_tokens, self.body(scope))
 
@@ -260,10 +271,11 @@ class StopReading(Arm):
 
     name = "stop_reading"
 
-    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
-        old = self.current[scope]
-        old.retired_at = self.app.clock()
+    def on_retired(self, old: Stream) -> None:
         self.app.discard(old)  # its reader keeps the socket drained; its chunks go nowhere
+
+    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
+        self.retiring(scope)
         stream = self._new(scope, version)
         self.current[scope] = stream
         async with self._lock(scope):
@@ -280,9 +292,8 @@ class LetRun(Arm):
 
     async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
         self.app.open_scope(scope)
-        old = self.current.get(scope)
-        if old is not None:
-            old.retired_at = self.app.clock()  # obsolete now; it still runs and is still read
+        if scope in self.current:
+            self.retiring(scope)  # obsolete now; it still runs and is still read
         stream = self._new(scope, version)
         self.current[scope] = stream
         lock = self._order.setdefault(scope, asyncio.Lock())
@@ -313,11 +324,12 @@ class RetireScoped(Arm):
         self.current[scope] = stream
         await self._send(stream, prompt, max_tokens)
 
-    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
-        old = self.current[scope]
-        old.retired_at = self.app.clock()
+    def on_retired(self, old: Stream) -> None:
         if old.sent_at is None:  # never sent: nothing of it exists on the server
             old.ended_at = old.retired_at
+
+    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
+        self.retiring(scope)
         stream = self._new(scope, version)
         self.current[scope] = stream
         await self._send(stream, prompt, max_tokens)
@@ -339,8 +351,7 @@ class RetireScoped(Arm):
     async def cancel(self, scope: str) -> None:
         import httpx
 
-        old = self.current[scope]
-        old.retired_at = self.app.clock()
+        self.retiring(scope)
         base = str(self.app.client.base_url).rstrip("/")
         async with httpx.AsyncClient() as h:
             (await h.post(f"{base}/scopes/{self.app.wire(scope)}/cancel")).raise_for_status()

@@ -187,12 +187,15 @@ async def run_http(
                     ev.max_new_tokens,
                 )
                 current[ev.scope] = key[1]
+                if ev.kind is EventKind.REVISION:
+                    arm.retiring(ev.scope)  # the application's reaction, before anything runs
                 call = arm.submit if ev.kind is EventKind.SUBMIT else arm.revise
                 coro = call(ev.scope, key[1], prompts[key], ev.max_new_tokens)
             elif ev.kind is EventKind.CANCEL:
                 old = (ev.scope, current[ev.scope])
                 spans[old] = attrs.evolve(spans[old], retired_at=now)
                 cancelled.add(ev.scope)
+                arm.retiring(ev.scope)
                 coro = arm.cancel(ev.scope)
             else:
                 raise ValueError(f"the HTTP arms do not replay {ev.kind} events")
