@@ -187,6 +187,8 @@ def aggregate(runs: Sequence[tuple[M.RunRecord, dict[str, Any], Any]]) -> dict[s
         "client_median": agg["client_wait_ms_median"],
         "headers_median": agg["headers_ms_median"],
     }
+    loads = [x for _, m, _ in runs for x in m.get("load_avg_1m") or ()]
+    agg["load_avg_1m_max"] = max(loads) if loads else None
     agg["admitted"] = all(a.admitted for _, _, a in runs)
     agg["admission"] = [a.to_json() for _, _, a in runs]
     return agg
@@ -211,6 +213,7 @@ def _inprocess(
     window = m["goodput_window_s"]
     m["engine_utilisation"] = min(1.0, busy / window) if window else None
     m["obsolete_tokens_computed"] = res.obsolete_tokens_computed
+    m["load_avg_1m"] = list(res.load_avg)
     return res.record, m, res.admission
 
 
@@ -290,6 +293,7 @@ def evaluate(
                         f"{m['goodput_tok_s']:6.1f} tok/s, obsolete {m['obsolete_tokens']:4d}, "
                         f"finals {m['final_versions_advanced']}/{m['final_versions_total']}, "
                         f"util {_fmt(m.get('engine_utilisation'), 2)}, "
+                        f"load {_fmt(max(m.get('load_avg_1m') or [math.nan]), 1)}, "
                         f"{'admitted' if got[2].admitted else 'NOT admitted'}"
                     )
     finally:
@@ -418,6 +422,7 @@ def table(doc: dict[str, Any]) -> str:
         ("client wait ms (finals, median)", "client_wait_ms_median", 1),
         ("request to headers ms (finals, median)", "headers_ms_median", 1),
         ("versions never sent (replaced while waiting)", "versions_not_sent", 0),
+        ("1-minute load average, max (2 CPUs)", "load_avg_1m_max", 1),
         ("admitted", "admitted", 0),
     ]
     lines = [["metric", *arms]]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -162,6 +163,7 @@ async def run_http(
         ):
             all_done.set()
 
+    load_before = _loadavg()
     start = clock()
 
     async def fire_all() -> None:
@@ -265,6 +267,7 @@ async def run_http(
         if k in finals and s.sent_at is not None
     ]
     m["client_wait_ms_median"] = M.percentile(waits, 50)
+    m["load_avg_1m"] = [load_before, _loadavg()]  # other work on the machine, around the run
     m["versions_not_sent"] = sum(s.sent_at is None for s in app.streams.values())
     headers = [
         (s.accepted_at - s.sent_at) * 1000.0
@@ -273,6 +276,13 @@ async def run_http(
     ]
     m["headers_ms_median"] = M.percentile(headers, 50)
     return HttpRunResult(arm.name, record, m, admit(record, reference, harness_problems=problems))
+
+
+def _loadavg() -> float:
+    try:
+        return float(os.getloadavg()[0])
+    except OSError:  # pragma: no cover - not on Linux
+        return float("nan")
 
 
 def _accept_split(record: M.RunRecord, app: App) -> dict[str, int]:
