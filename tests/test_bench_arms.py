@@ -188,8 +188,10 @@ def test_every_arm_in_one_short_evaluation_against_real_servers(tmp_path: Any) -
     abandoned stream read). Keys and verdicts only: no timing is asserted."""
     import json
     import os
+    import shutil
     import subprocess
     import sys
+    import tempfile
     from pathlib import Path
 
     from retire_bench import curve
@@ -200,10 +202,14 @@ def test_every_arm_in_one_short_evaluation_against_real_servers(tmp_path: Any) -
     dump_trace(trace, path)
     out = Path(tmp_path) / "load.json"
     retire = str(Path(sys.executable).parent / "retire")
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    short = tempfile.mkdtemp(prefix="rl")  # servers' socket paths must stay under 107 bytes
+    env = {**os.environ, "TMPDIR": short}
     argv = [retire, "replay", str(path), "--system", "all", "--model-size", "tiny"]
     argv += ["--time-scales", "0.5", "--reps", "1", "--json", str(out), "--no-progress"]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out.read_text())
     for key in curve.TOP_KEYS:
