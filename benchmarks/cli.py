@@ -58,7 +58,24 @@ def _bar_factory(enabled: bool) -> Any:
 
 def _configure_replay(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", nargs="?", default=None, help="trace file (default: the shipped one)")
-    p.add_argument("--system", choices=("native", "retire", "both"), default="both")
+    p.add_argument(
+        "--system",
+        choices=("native", "retire", "both", "all"),
+        default="both",
+        help="all: every native behaviour (in-process abort, and over HTTP: close the stream, "
+        "let the old call run, stop reading) and Retire over retire serve, at every --time-scales",
+    )
+    p.add_argument(
+        "--time-scales",
+        default=None,
+        help="--system all: comma-separated trace time scales (default 0.25,0.5,1,2)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="--system all: the engine's max_num_seqs (default: the trace's scopes + 1)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results JSON here")
     p.add_argument(
         "--save-core-calls",
@@ -86,8 +103,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model-size",
         choices=tuple(SIZES),
-        default="tiny",
-        help="without --model: which locally built default model (small: a heavier step)",
+        default=None,
+        help="without --model: which locally built default model (small: a heavier step; "
+        "default tiny, small for replay --system all)",
     )
     p.add_argument("--plots", type=Path, default=None, help="write plots into this directory")
     p.add_argument("--no-progress", action="store_true")
@@ -96,6 +114,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _model(args: argparse.Namespace) -> str | None:
     """``--model``, else the locally built default model of ``--model-size`` (``None``: the
     engine's own default, the tiny model)."""
+    if args.model_size is None:
+        args.model_size = "small" if getattr(args, "system", None) == "all" else "tiny"
     if args.model is None and args.model_size != "tiny":
         from retire_vllm.default_model import ensure_default_model
 
@@ -137,6 +157,8 @@ def _replay(args: argparse.Namespace) -> int:
     from retire_bench.systems import FacadeMissing
 
     trace, path = R.load(args.trace)
+    if args.system == "all":
+        return _replay_all(args, trace, path)
     try:
         doc, results = R.replay(
             trace,
@@ -161,11 +183,67 @@ def _replay(args: argparse.Namespace) -> int:
     return 0 if doc["checker_admitted"] else 1
 
 
+def _replay_all(args: argparse.Namespace, trace: Any, path: str) -> int:
+    from retire_bench import curve
+
+    scales = curve.DEFAULT_TIME_SCALES
+    if args.time_scales:
+        scales = tuple(float(x) for x in args.time_scales.split(","))
+    if args.reps < 1 or any(s <= 0 for s in scales):
+        print("error: --reps and every time scale must be positive", file=sys.stderr)
+        return 2
+    config = curve.LoadConfig(
+        time_scales=scales,
+        reps=args.reps,
+        consumer_delay_s=args.consumer_delay_ms / 1000.0,
+        model_path=_model(args),
+        num_blocks=args.num_blocks or curve.DEFAULT_NUM_BLOCKS,
+        max_num_seqs=args.max_num_seqs,
+        cleanup_limit_s=args.cleanup_limit_s,
+    )
+    doc = curve.evaluate(trace, config, trace_path=path)
+    print(curve.table(doc))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        print(f"results: {args.json}")
+    if args.plots is not None:
+        from retire_bench import plots
+
+        print(f"plot: {plots.goodput_curve(doc, args.plots / 'goodput_vs_load.png')}")
+    return 0 if doc["checker_admitted"] else 1
+
+
 def _configure_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("retire-demo"), help="output directory")
     p.add_argument("--skip-handoff", action="store_true", help="skip the handoff grid")
     p.add_argument("--native-only", action="store_true", help="run only the native baselines")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="also run every native behaviour over HTTP and Retire over retire serve at the "
+        "operating point of docs/results.md section 7 (small model, time scale 0.5, one run "
+        "each; about 5 more minutes; server logs go to files)",
+    )
     _common(p)
+
+
+def _demo_load(out: Path, trace: Any, path: str) -> bool:
+    """``demo --load``: section 7's arms at its operating point (time scale 0.5), one run each."""
+    from retire_bench import curve, plots
+    from retire_vllm.default_model import ensure_default_model
+
+    print("[+] at load over HTTP: five arms, time scale 0.5 (two servers start)", file=sys.stderr)
+    config = curve.LoadConfig(
+        time_scales=(0.5,), reps=1, model_path=str(ensure_default_model(size="small"))
+    )
+    ldoc = curve.evaluate(trace, config, trace_path=path)
+    (out / "load.json").write_text(json.dumps(ldoc, indent=2, default=str) + "\n")
+    print()
+    print(curve.table(ldoc))
+    print(f"results: {out / 'load.json'}")
+    print(f"plot: {plots.goodput_curve(ldoc, out / 'goodput_vs_load.png')}")
+    return bool(ldoc["checker_admitted"])
 
 
 @command(
@@ -179,7 +257,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[1/5] {args.model_size} default model", file=sys.stderr)
+    print(f"[1/5] {args.model_size or 'tiny'} default model", file=sys.stderr)
     if _model(args) is None:
         from retire_vllm.default_model import ensure_default_model
 
@@ -235,5 +313,9 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"results: {out / 'results.json'}")
     for p in written:
         print(f"plot: {p}")
+    load_admitted = True
+    if args.load:
+        load_admitted = _demo_load(out, trace, path)
+        doc["demo_wall_s"] = time.perf_counter() - t0
     print(f"demo wall time: {doc['demo_wall_s']:.0f} s")
-    return 0 if doc["checker_admitted"] else 1
+    return 0 if doc["checker_admitted"] and load_admitted else 1

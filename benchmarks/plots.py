@@ -125,3 +125,32 @@ def handoff_plot(doc: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def goodput_curve(doc: dict[str, Any], path: Path) -> Path:
+    """Current-version goodput against offered load (1 / trace time scale), one line per arm of
+    a ``replay --system all`` document; the operating point is marked."""
+    from retire_bench.curve import ARMS, LABELS
+
+    plt = _plt()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    points = sorted(doc["curve"], key=lambda p: p["time_scale"])
+    for arm in ARMS:
+        xs = [1.0 / p["time_scale"] for p in points if p["goodput"].get(arm) is not None]
+        ys = [p["goodput"][arm] for p in points if p["goodput"].get(arm) is not None]
+        if xs:
+            ax.plot(xs, ys, marker="o", label=LABELS[arm])
+    op = doc["operating_point"]["time_scale"]
+    if op:
+        ax.axvline(1.0 / op, color="grey", linestyle=":", label=f"operating point (x{op:g})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("offered load: 1 / trace time scale (1 = the trace as recorded)")
+    ax.set_ylabel("current-version goodput, tok/s")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

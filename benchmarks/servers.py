@@ -91,9 +91,12 @@ class Server:
 
 
 class RetireServer(Server):
-    def __init__(self, tmp: Path, extra: list[str] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, extra: list[str] | None = None, options: list[str] | None = None
+    ) -> None:
+        """``options``: the engine options, in place of ``ENGINE_OPTIONS``."""
         self.core_log = tmp / "retire-core.jsonl"
-        argv = [RETIRE, "serve", *ENGINE_OPTIONS]
+        argv = [RETIRE, "serve", *(ENGINE_OPTIONS if options is None else options)]
         super().__init__([*argv, "--retire-log", str(self.core_log), *(extra or [])], tmp, "retire")
 
     def leaks(self) -> dict[str, Any]:
@@ -152,8 +155,14 @@ class RetireServer(Server):
 
 
 class StockServer(Server):
-    def __init__(self, tmp: Path, model: str) -> None:
+    def __init__(self, tmp: Path, model: str, options: list[str] | None = None) -> None:
+        """``options``: every engine option, in place of the defaults below (``--model`` too)."""
         from retire_vllm.engine_config import engine_kwargs
+
+        if options is not None:
+            entry = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+            super().__init__([*entry, *options], tmp, "stock")
+            return
 
         kw = engine_kwargs(model, num_blocks=1024)
         argv = [
