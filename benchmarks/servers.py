@@ -92,12 +92,20 @@ class Server:
 
 class RetireServer(Server):
     def __init__(
-        self, tmp: Path, extra: list[str] | None = None, options: list[str] | None = None
+        self,
+        tmp: Path,
+        extra: list[str] | None = None,
+        options: list[str] | None = None,
+        *,
+        log: bool = True,
     ) -> None:
-        """``options``: the engine options, in place of ``ENGINE_OPTIONS``."""
-        self.core_log = tmp / "retire-core.jsonl"
+        """``options``: the engine options, in place of ``ENGINE_OPTIONS``; ``log``: write the
+        core's log (and validate it at ``close``)."""
+        self.core_log: Path | None = tmp / "retire-core.jsonl" if log else None
         argv = [RETIRE, "serve", *(ENGINE_OPTIONS if options is None else options)]
-        super().__init__([*argv, "--retire-log", str(self.core_log), *(extra or [])], tmp, "retire")
+        if self.core_log is not None:
+            argv += ["--retire-log", str(self.core_log)]
+        super().__init__([*argv, *(extra or [])], tmp, "retire")
 
     def leaks(self) -> dict[str, Any]:
         answer: dict[str, Any] = httpx.get(f"{self.base}/v1/retire/leaks").json()
@@ -144,6 +152,8 @@ class RetireServer(Server):
     def close(self) -> str:
         """Stop the server and validate its core log; returns the validator's verdict line."""
         self.stop()
+        if self.core_log is None:
+            return "no core log (started with log=False)"
         result = subprocess.run(
             [RETIRE, "validate-trace", str(self.core_log)],
             capture_output=True,

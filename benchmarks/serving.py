@@ -4,7 +4,8 @@ Both servers run the same model with the same engine settings, side by side; rou
 between them so that drift in the machine's speed hits both. A round is a steady load of
 streaming completions from concurrent clients (the real ``openai`` client), without revisions:
 against ``retire serve`` every request opens its own scope (the scopes are cancelled after the
-round, outside the timing). Reported per server: time to first token and inter-token latency
+round, outside the timing). Two ``retire serve`` servers run: one writing the core's transition
+log (``--retire-log``, validated at the end), one without it (``retire_nolog``). Reported per server: time to first token and inter-token latency
 (p50, p99; a request's inter-token latency is the time from its first token to its last over the
 tokens in between, as vLLM's own benchmark defines it: chunks reach a client in bursts), completion
 tokens per second; and Retire over stock as ratios. Then the revision
@@ -169,24 +170,31 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
 def run(args: Any) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
     retire = RetireServer(tmp / "retire")
+    quiet = RetireServer(tmp / "retire-nolog", log=False)
     stock = StockServer(tmp / "stock", retire.model)
     try:
-        by: dict[str, list[dict[str, Any]]] = {"stock": [], "retire": []}
+        by: dict[str, list[dict[str, Any]]] = {"stock": [], "retire": [], "retire_nolog": []}
         for r in range(args.rounds):
             by["stock"].append(asyncio.run(_round(stock, False, args, f"s{r}")))
             by["retire"].append(asyncio.run(_round(retire, True, args, f"r{r}")))
+            by["retire_nolog"].append(asyncio.run(_round(quiet, True, args, f"q{r}")))
         revision = asyncio.run(_revision_latency(retire, args.trials))
         retire.check_clean()
+        quiet.check_clean()
     finally:
         stock.stop()
+        quiet.close()
         verdict = retire.close()
     s, t = _summary(by["stock"]), _summary(by["retire"])
+    q = _summary(by["retire_nolog"])
     report = {
         "command": "python -m retire_bench.serving "
         + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
         "stock": s,
         "retire": t,
+        "retire_nolog": q,
         "ratio_retire_over_stock": {k: t[k] / s[k] for k in s},
+        "ratio_retire_nolog_over_stock": {k: q[k] / s[k] for k in s},
         "added_itl_p50_percent": 100 * (t["itl_p50_ms"] / s["itl_p50_ms"] - 1),
         "revision_ms": {
             key: {"p50": 1000 * _pct(v, 0.5), "p99": 1000 * _pct(v, 0.99), "n": len(v)}
@@ -208,15 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.clients, args.requests, args.rounds, args.trials) < 1:
         p.error("--clients, --requests, --rounds and --trials must be at least 1")
     report = run(args)
-    print(f"{'':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>8}")
-    for name in ("stock", "retire"):
+    print(f"{'':>12} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>8}")
+    for name in ("stock", "retire", "retire_nolog"):
         r = report[name]
         print(
-            f"{name:>8} {r['ttft_p50_ms']:9.2f} {r['ttft_p99_ms']:9.2f} {r['itl_p50_ms']:8.2f} "
+            f"{name:>12} {r['ttft_p50_ms']:9.2f} {r['ttft_p99_ms']:9.2f} {r['itl_p50_ms']:8.2f} "
             f"{r['itl_p99_ms']:8.2f} {r['tokens_per_s']:8.1f}"
         )
-    ratio = report["ratio_retire_over_stock"]
-    print("retire / stock: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
+    for key in ("ratio_retire_over_stock", "ratio_retire_nolog_over_stock"):
+        ratio = report[key]
+        print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
     for key, v in report["revision_ms"].items():
         print(f"revision, {key}: p50 {v['p50']:.2f} ms, p99 {v['p99']:.2f} ms ({v['n']} trials)")
     print(report["core_log"])

@@ -480,6 +480,7 @@ def test_headers_put_a_request_under_a_scope(
 
 
 def test_core_log_is_written(retire_server: RetireServer) -> None:
+    assert retire_server.core_log is not None
     text = retire_server.core_log.read_text()
     assert '"trigger": "Submit"' in text
 
