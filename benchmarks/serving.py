@@ -5,7 +5,8 @@ between them so that drift in the machine's speed hits both. A round is a steady
 streaming completions from concurrent clients (the real ``openai`` client), without revisions:
 against ``retire serve`` every request opens its own scope (the scopes are cancelled after the
 round, outside the timing). Two ``retire serve`` servers run: one writing the core's transition
-log (``--retire-log``, validated at the end), one without it (``retire_nolog``). Reported per server: time to first token and inter-token latency
+log (``--retire-log``, validated at the end), one without it (``retire_nolog``). Reported per
+server: time to first token and inter-token latency
 (p50, p99; a request's inter-token latency is the time from its first token to its last over the
 tokens in between, as vLLM's own benchmark defines it: chunks reach a client in bursts), completion
 tokens per second; and Retire over stock as ratios. Then the revision
