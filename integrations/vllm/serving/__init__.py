@@ -7,6 +7,7 @@ the scheduler (``engine_side``), where the write gate, the commit gate and every
 are synchronous; the API process reaches it through one utility call (``plugin``) and carries
 out the authority's fences on its streams (``front_end``); ``http`` puts scopes on the standard
 endpoints and adds the scope routes; ``server`` is ``retire serve``. ``wire`` names what crosses
-the process boundary, ``ledger`` owns every reference Retire holds on a vLLM block. The in-process
-``retire_vllm.facade`` stays the benchmarks' deterministic driver.
+the process boundary, ``ledger`` owns every reference Retire holds on a vLLM block, ``records``
+holds the engine side's plain records, ``metrics`` renders Retire's Prometheus metrics. The
+in-process ``retire_vllm.facade`` stays the benchmarks' deterministic driver.
 """
