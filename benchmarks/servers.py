@@ -131,6 +131,7 @@ class RetireServer(Server):
                 for key in (
                     "ledger_blocks",
                     "ledger_pins",
+                    "ledger_cached",
                     "core_pages",
                     "core_pinned",
                     "managed_requests",

@@ -23,6 +23,7 @@ from retire_spec.schema import (
     COLUMN_INDEX,
     COLUMNS,
     CONTROL_COLUMNS,
+    FINISHED,
     GARBAGE,
     NO_FRAME,
     NO_MATCH,
@@ -66,6 +67,7 @@ _MODE = {
     ScopeState.ALIGNING: ACTIVE,
     ScopeState.PAUSED: PAUSED,
     ScopeState.CANCELLED: CANCELLED,
+    ScopeState.FINISHED: FINISHED,
 }
 
 

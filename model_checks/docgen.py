@@ -38,7 +38,6 @@ def state_diagram() -> str:
                 lines.append(f"    {state.value} --> {target}: {kind.__name__}")
     for looped, names in sorted(self_loops.items()):
         lines.append(f"    {looped} --> {looped}: {', '.join(sorted(set(names)))}")
-    lines.append("    cancelled --> [*]")
     lines.append("```")
     return "\n".join(lines)
 

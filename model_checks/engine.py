@@ -15,6 +15,10 @@ the commands and the transitions) and plays the commands on the engine's own boo
   version must be the scope's current one): adoption happens through ``Adopt`` only.
 * ``Free``: the engine takes the pages back (each must be allocated and carry no pin: a page
   with a pin is never freed, so never reused by a later allocation either).
+* ``ReleaseToCache``: the engine drops its references to a finished version's pages but keeps
+  them in its cache (each must be tracked, unpinned and not cached already); from then on, and
+  only then, it may evict them (``PageEvicted``); a ``PinCertified`` takes one back out of the
+  cache, a ``Free`` or an eviction forgets it.
 * ``Admit``: the engine may launch participants of that version from now on; the number of
   adopted blocks is the number of pages ``Adopt`` handed over for that version in this step
   (none for a cold start), and every ``open``/``resume`` transition has its ``Admit`` (same
@@ -24,9 +28,10 @@ the commands and the transitions) and plays the commands on the engine's own boo
   without authority after the step, and was not before it, must have been named by a
   ``Fence`` of this step (the engine would otherwise never stop it).
 
-After the commands, the engine's pins are exactly the core's pinned pages and the pages it
-holds allocated exactly the core's pages (so a dropped ``PinCertified``, ``Unpin``, ``Adopt``
-or ``Free`` is caught). Any disagreement raises ``CommandViolation``. ``obey`` returns the
+After the commands, the engine's pins are exactly the core's pinned pages, the pages it
+holds allocated exactly the core's pages and the pages in its cache exactly the core's pages
+that nothing references or pins (so a dropped ``PinCertified``, ``Unpin``, ``Adopt``, ``Free``
+or ``ReleaseToCache`` is caught). Any disagreement raises ``CommandViolation``. ``obey`` returns the
 changes to the set of versions the engine may launch for (``("admit", slot, v)``,
 ``("fence", slot, v)``), which the harness applies with ``launchable_after``: the environment
 offers a launch of version ``v`` only while ``(slot, v)`` is in that set (admitted, not fenced).
@@ -55,6 +60,7 @@ COMMANDS_CHECKED: tuple[str, ...] = (
     "Unpin",
     "Admit",
     "Free",
+    "ReleaseToCache",
 )
 
 EngineOp = tuple[str, int, int]  # ("admit" | "fence", scope slot, version)
@@ -77,8 +83,14 @@ def obey(
     return the changes to the set of launchable versions."""
     pins = {p for p, r in before.pages.items() if r.pinned}
     held = set(before.pages)
+    cached = _cached(before)
     if type(event) is rc.PageAllocated:
         held.add(event.page)  # the engine allocated it: that is the event
+    elif type(event) is rc.PageEvicted:
+        if event.page not in cached:
+            raise CommandViolation(f"the engine evicted page {event.page}, not in its cache")
+        cached.discard(event.page)  # the engine evicted it: that is the event
+        held.discard(event.page)
     adopted: dict[tuple[str, int], int] = {}
     fenced: set[tuple[str, str]] = set()
     admits: list[tuple[Any, Any, Any, Any]] = []
@@ -104,6 +116,7 @@ def obey(
                     what = "not allocated" if p not in held else "already pinned"
                     raise CommandViolation(f"PinCertified pins page {p}, which is {what}")
                 pins.add(p)
+                cached.discard(p)
         elif t is rc.Unpin:
             for p in c.pages:  # type: ignore[union-attr]
                 if p not in pins:
@@ -129,6 +142,13 @@ def obey(
                 if p not in held:
                     raise CommandViolation(f"Free of page {p}, which the engine does not hold")
                 held.discard(p)
+                cached.discard(p)
+        elif t is rc.ReleaseToCache:
+            for p in c.pages:  # type: ignore[union-attr]
+                if p not in held or p in pins or p in cached:
+                    what = "pinned" if p in pins else "cached already" if p in cached else "gone"
+                    raise CommandViolation(f"ReleaseToCache of page {p}, which is {what}")
+                cached.add(p)
         elif t is rc.Admit:
             scope, version = c.scope, c.version  # type: ignore[union-attr]
             blocks, cold = c.adopted_blocks, c.cold  # type: ignore[union-attr]
@@ -167,6 +187,12 @@ def obey(
             f"after the commands the engine holds pages {sorted(held)}, but the core tracks "
             f"{sorted(after.pages)}"
         )
+    want_cached = _cached(after)
+    if cached != want_cached:
+        raise CommandViolation(
+            f"after the commands the engine caches pages {sorted(cached)}, but the core has "
+            f"{sorted(want_cached)} with no reference and no pin"
+        )
     want_admits: list[tuple[Any, Any, Any, Any]] = []
     for tr in transitions:
         if tr.action == "open":
@@ -202,6 +228,11 @@ def _check_answers(
             )
     elif writes:
         raise CommandViolation(f"AllowWrite/FenceWrite {writes} without a write attempted")
+
+
+def _cached(state: rc.CoreState) -> set[int]:
+    """The pages the core tracks with neither a reference nor a pin: given back to the cache."""
+    return {p for p, r in state.pages.items() if not r.held and not r.pinned}
 
 
 def _unfenced(state: rc.CoreState) -> set[tuple[str, str, int]]:

@@ -1,15 +1,15 @@
 """The nondeterministic environment: every move an engine or user may make in a bounded world.
 
 ``env_moves`` lists, for the current joint state of a ``Lockstep``, every legal move: user requests
-(open, supersede, pause, unpause, cancel), engine behaviour (launch, receipt, emit a frame, deliver
-any in-flight frame in any order, allocate, attempt a write anywhere — including into pages the
-writer does not own, close a writer, corrupt a retained page, recycle a retained block id) and the
-engine's answer to a pending byte check. The engine obeys the core's commands (``engine``): it
-launches a participant only for a version an ``Admit`` started and no ``Fence`` stopped since,
+(open, supersede, pause, unpause, cancel, forget), engine behaviour (launch, receipt, a version's
+end reported for the current or an older version, emit a frame, deliver any in-flight frame in any
+order, allocate, attempt a write anywhere — including into pages the writer does not own, close a
+writer, evict a page given back to its cache, corrupt a retained page, recycle a retained block id)
+and the engine's answer to a pending byte check. The engine obeys the core's commands (``engine``):
+it launches a participant only for a version an ``Admit`` started and no ``Fence`` stopped since,
 and allocates only pages the core's ``Free`` gave back (or never had); only the budgeted faults
-break its word. ``Budget`` bounds the moves that would otherwise make the
-world infinite (revisions per scope, faults). The Hypothesis state machine and the explorer both
-draw from this one list.
+break its word. ``Budget`` bounds the moves that would otherwise make the world infinite (revisions
+per scope, faults). The Hypothesis state machine and the explorer both draw from this one list.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from retire_spec.schema import (
     ACTIVE,
     CANCELLED,
     COLUMN_INDEX,
+    FINISHED,
     IN_FLIGHT,
     PAUSED,
     UNOPENED,
@@ -40,6 +41,11 @@ class Budget:
     reuse_choices: tuple[bool, ...] = (True, False)
     pause: bool = True
     cancel: bool = True
+    finish: bool = True  # the engine reports versions finished (current and late ones)
+    # forgetting cancelled scopes: a forgotten scope can open again, and every new incarnation
+    # allocates pages anew, so generations grow without bound; runs bounded by their length
+    # (Hypothesis) take it, the exhaustive explorer does not
+    forget: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -52,6 +58,8 @@ class _Table:
     pause: tuple[ActionInstance, ...]
     unpause: tuple[ActionInstance, ...]
     cancel: tuple[ActionInstance, ...]
+    forget: tuple[ActionInstance, ...]
+    finish: tuple[tuple[ActionInstance, ...], ...]  # [s][v]
     report: tuple[ActionInstance, ...]
     launch: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [q][s][v]
     receipt: tuple[ActionInstance, ...]
@@ -61,6 +69,7 @@ class _Table:
     write_any: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q], partial if allowed
     write_done: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q], completing only
     close_writer: tuple[ActionInstance, ...]
+    evict: tuple[ActionInstance, ...]
     faults: tuple[tuple[ActionInstance, ...], ...]  # [p] -> corrupt, reuse_id
 
 
@@ -76,6 +85,8 @@ def _table(b: Bounds, budget: Budget) -> _Table:
         pause=tuple(A("pause", (s,)) for s in S),
         unpause=tuple(A("unpause", (s,)) for s in S),
         cancel=tuple(A("cancel", (s,)) for s in S),
+        forget=tuple(A("forget", (s,)) for s in S),
+        finish=tuple(tuple(A("finish", (s, v)) for v in range(b.max_epoch + 1)) for s in S),
         report=tuple(A("report", (s,)) for s in S),
         launch=tuple(
             tuple(tuple(A("launch", (q, s, v)) for v in range(b.max_epoch + 1)) for s in S)
@@ -95,6 +106,7 @@ def _table(b: Bounds, budget: Budget) -> _Table:
         ),
         write_done=tuple(tuple((A("attempt_write", (p, q, True)),) for q in Q) for p in P),
         close_writer=tuple(A("close_writer", (p,)) for p in P),
+        evict=tuple(A("evict", (p,)) for p in P),
         faults=tuple((A("corrupt", (p,)), A("reuse_id", (p,))) for p in P),
     )
 
@@ -111,14 +123,21 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
         if mode == UNOPENED:
             moves.extend(t.open[s])
             continue
-        if mode in (ACTIVE, PAUSED) and epochs[s] < b.max_epoch:
+        if mode in (ACTIVE, PAUSED, FINISHED) and epochs[s] < b.max_epoch:
             moves.extend(t.supersede[s])
         if budget.pause and mode == ACTIVE and cells[_ADMITTED][s]:
             moves.append(t.pause[s])
         if mode == PAUSED:
             moves.append(t.unpause[s])
-        if budget.cancel and mode in (ACTIVE, PAUSED):
+        if budget.cancel and mode in (ACTIVE, PAUSED, FINISHED):
             moves.append(t.cancel[s])
+        # forgetting a cancelled scope: only once nothing of it is left, frames on their way
+        # included (what the core cannot see, the caller vouches for)
+        if budget.forget and mode == CANCELLED and ls.spec_enabled(t.forget[s]):
+            moves.append(t.forget[s])
+        if budget.finish:
+            # the current version's end, or a late (repeated, or superseded) report of one
+            moves.extend(t.finish[s][: epochs[s] + 1])
         if s in pending:
             moves.append(t.report[s])
     used, closed = cells[_USED], cells[_CLOSED]
@@ -162,6 +181,10 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
     for p in range(b.pages):
         if alloc[p] and writer[p]:
             moves.append(t.close_writer[p])
+        # only a page the core gave back to the cache (``ReleaseToCache``: ``engine.obey``
+        # keeps the engine's cache equal to the pages nothing references or pins)
+        if budget.finish and alloc[p] and not writer[p] and ls.spec_enabled(t.evict[p]):
+            moves.append(t.evict[p])
     if ls.faults < budget.faults:
         for p in range(b.pages):
             for inst in t.faults[p]:

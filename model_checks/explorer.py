@@ -46,13 +46,14 @@ from retire_checks.lockstep import (
     Outcome,
     RefinementError,
     StepMemo,
+    launched_after,
 )
 from retire_checks.symmetry import Symmetry
 from retire_spec.actions import ACTION_BY_NAME, ACTIONS, Action, ActionInstance
 from retire_spec.codegen import compiler
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS, QUIESCENCE, Invariant
-from retire_spec.schema import COLUMN_INDEX, PAUSED, Bounds, SpecState, initial_state
+from retire_spec.schema import COLUMN_INDEX, FINISHED, PAUSED, Bounds, SpecState, initial_state
 
 StepFn = Callable[[rc.CoreState, Any], rc.Step]
 
@@ -87,10 +88,12 @@ class Profile:
 # --- probes -------------------------------------------------------------------------------------
 
 STAGES = tuple(f"stage:{s.value}" for s in rc.Stage)
+# (``forget`` is left to the Hypothesis machine: see ``environment.Budget.forget``)
 CORE_TRANSITIONS = (
-    *(f"transition:{a.name}" for a in ACTIONS if a.name not in ("emit", "corrupt")),
+    *(f"transition:{a.name}" for a in ACTIONS if a.name not in ("emit", "corrupt", "forget")),
     "transition:fence",
     "transition:late_report",
+    "transition:late_finish",
 )
 ENV_MOVES = tuple(
     f"move:{m}"
@@ -100,6 +103,7 @@ ENV_MOVES = tuple(
         "pause",
         "unpause",
         "cancel",
+        "finish",
         "launch",
         "receipt",
         "emit",
@@ -107,6 +111,7 @@ ENV_MOVES = tuple(
         "allocate",
         "attempt_write",
         "close_writer",
+        "evict",
         "corrupt",
         "reuse_id",
         "report",
@@ -130,6 +135,10 @@ REASONS = (
     # no page either, since adoption comes after the report: the classification is unreachable)
     "late_report:retired_expired",
     "late_report:scope_cancelled",
+    "drop:version_finished",
+    "fence:version_finished",
+    "late_finish:version_finished",
+    "late_finish:retired_draining",
 )
 PATHS = (
     "path:cold_resume",  # a successor admitted cold (no reuse, or nothing certifiable)
@@ -144,6 +153,9 @@ PATHS = (
     # writer-closed page with the revised context's prefix: only the owner check refuses it
     "path:same_model_page_not_inherited",
     "path:quiescent",  # a state with nothing left to complete (checked against QUIESCENCE)
+    "path:finish_frees_pages",  # a version's end frees what no revision could inherit
+    "path:finish_caches_pages",  # ... and gives its completed pages back to the engine's cache
+    "path:revise_after_finish",  # a finished scope revised: the next version starts
 )
 # every command class the core can emit, met by the engine's checks (``engine.obey``)
 COMMANDS = tuple(f"command:{name}" for name in COMMANDS_CHECKED)
@@ -170,6 +182,10 @@ def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
         hits.extend(found)
     if "adopt" in actions and "release" in actions:
         hits.append("path:partial_adoption")
+    if "finish" in actions and "free" in actions:
+        hits.append("path:finish_frees_pages")
+    if "finish" in actions and any(isinstance(c, rc.ReleaseToCache) for c in out.commands):
+        hits.append("path:finish_caches_pages")
     for c in out.commands:
         hits.append(f"command:{type(c).__name__}")
         if isinstance(c, rc.Unpin):
@@ -207,8 +223,11 @@ def dynamic_hits(out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
             s = _slot(t.scope)
             if before["page_fp"][t.arg("page")] != bounds.fingerprints[s]:
                 hits.append("path:cross_tenant_write_fenced")
-        elif a == "supersede" and twin_page(t, before, bounds):
-            hits.append("path:same_model_page_not_inherited")
+        elif a == "supersede":
+            if before["scope_mode"][_slot(t.scope)] == FINISHED:
+                hits.append("path:revise_after_finish")
+            if twin_page(t, before, bounds):
+                hits.append("path:same_model_page_not_inherited")
     return hits
 
 
@@ -562,12 +581,7 @@ def _explore(
                             spec = intern(spec.cells, spec)
                         if fresh:  # commands against transitions, once per core step
                             check_commands(out)
-                        if launches:
-                            launched = dict(launched0)
-                            for q, sv in launches:
-                                launched[q] = sv
-                        else:
-                            launched = launched0
+                        launched = launched_after(launched0, launches) if launches else launched0
                         if pins:
                             pending = dict(pending0)
                             for s, v in pins:
@@ -771,7 +785,7 @@ def _explore_spec(
 TOKEN_ONLY = (0,)
 ALL_KINDS = (0, 1, 2)
 
-_NO_CONTROL: dict[str, Any] = {"pause": False, "cancel": False}
+_NO_CONTROL: dict[str, Any] = {"pause": False, "cancel": False, "finish": False}
 
 QUICK = Profile(
     "quick",

@@ -39,7 +39,7 @@ from retire_checks.environment import Budget, env_moves
 from retire_checks.explorer import twin_page
 from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance
-from retire_spec.schema import IN_FLIGHT, Bounds
+from retire_spec.schema import ACTIVE, FINISHED, IN_FLIGHT, PAUSED, Bounds
 
 BOUNDS = Bounds(
     scopes=2,
@@ -60,9 +60,9 @@ CATEGORIES = ("control", "faults", "reports")
 GROUPS = {
     "open": {"open"},
     "revise": {"supersede"},
-    "control": {"pause", "unpause", "cancel"},
-    "run": {"launch", "receipt"},
-    "pages": {"allocate", "attempt_write", "close_writer"},
+    "control": {"pause", "unpause", "cancel", "forget"},
+    "run": {"launch", "receipt", "finish"},
+    "pages": {"allocate", "attempt_write", "close_writer", "evict"},
     "faults": {"corrupt", "reuse_id"},
 }
 COVERAGE: Counter[str] = Counter()
@@ -75,9 +75,10 @@ COVERAGE: Counter[str] = Counter()
 #: versions), runs may draw two scopes of one fingerprint and ``engine_step`` drives batches,
 #: seeds 1, 2, 5 and 7 reach every rare path of ``tests/test_core_hypothesis.py`` at 600
 #: examples (0, 3, 4 and 8 missed or nearly missed a byte-check failure or a late report before
-#: ``engine_step``); this one reaches each 16 times or more and, at 1,000 examples, kills every
-#: core mutant of the catalogue.
-FUZZ_SEED = 7
+#: ``engine_step``). Since the ``finish_version`` rule and ``forget``, 7 and 12 left a core
+#: mutant alive at 1,000 examples and 10 missed a double free; this one reaches every rare path
+#: and kills every core mutant of the catalogue.
+FUZZ_SEED = 1
 
 
 @seed(FUZZ_SEED)
@@ -91,7 +92,7 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.ls = Lockstep(Universe.of(BOUNDS), step_fn=type(self).step_fn)
         self.enabled: frozenset[str] = frozenset(CATEGORIES)
-        self.budget = Budget(faults=2, partial_writes=True)
+        self.budget = Budget(faults=2, partial_writes=True, forget=True)
 
     @initialize(
         disabled=st.sets(st.sampled_from(("faults", "reports", "control"))),
@@ -258,6 +259,40 @@ class LockstepMachine(RuleBasedStateMachine):
                     if self.ls.spec["page_owner"][p] == s and self.ls.spec_enabled(close):
                         self._do(close)
                 self._do(ActionInstance("receipt", (q,)))
+
+    @rule(data=st.data())
+    def finish_version(self, data: st.DataObject) -> None:
+        """A version runs to its end: its writers close, its participants deliver their
+        receipts and the engine reports it finished. Then nothing may still reference or pin a
+        page of it (the quiescence rule ``no_leak``, for this one version, checked at once)."""
+        spec = self.ls.spec
+        live = [
+            s
+            for s in range(BOUNDS.scopes)
+            if spec["scope_mode"][s] in (ACTIVE, PAUSED) and spec["scope_admitted"][s]
+        ]
+        if not live:
+            return
+        s = data.draw(st.sampled_from(live))
+        epoch = spec["scope_epoch"][s]
+        for q, (qs, v) in sorted(self.ls.launched.items()):
+            if (qs, v) == (s, epoch) and not self.ls.spec["part_closed"][q]:
+                for p in range(BOUNDS.pages):
+                    close = ActionInstance("close_writer", (p,))
+                    if self.ls.spec["page_owner"][p] == s and self.ls.spec_enabled(close):
+                        self._do(close)
+                self._do(ActionInstance("receipt", (q,)))
+        self._do(ActionInstance("finish", (s, epoch)))
+        spec = self.ls.spec
+        assert spec["scope_mode"][s] == FINISHED
+        for p in range(BOUNDS.pages):
+            if spec["page_alloc"][p] and (spec["page_owner"][p], spec["page_over"][p]) == (
+                s,
+                epoch,
+            ):
+                assert not spec["page_held"][p] and not spec["page_pinned"][p], (
+                    f"page {p} of a finished version is still referenced or pinned"
+                )
 
     @precondition(lambda self: "reports" in self.enabled)
     @rule(data=st.data())

@@ -32,8 +32,10 @@ from retire_spec.codegen import Predicate, Successor, compiler
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS, Invariant
 from retire_spec.schema import (
+    CANCELLED,
     COLUMN_INDEX,
     CONTROL_COLUMNS,
+    FINISHED,
     FRAME_KINDS,
     IN_FLIGHT,
     SpecState,
@@ -162,6 +164,21 @@ _FRAME_SCOPE, _FRAME_VER, _FRAME_KIND, _PAGE_DATA = (
     COLUMN_INDEX[name] for name in ("frame_scope", "frame_ver", "frame_kind", "page_data")
 )
 _control_cells = operator.itemgetter(*(COLUMN_INDEX[name] for name in CONTROL_COLUMNS))
+
+
+def launched_after(
+    launched: dict[int, tuple[int, int]], launches: Any
+) -> dict[int, tuple[int, int]]:
+    """The participants the harness knows launched, after a core step's ``launches``: ``(q,
+    (s, v))`` for a launch, ``(None, s)`` for a forgotten scope (its participants' slots are
+    free again)."""
+    out = dict(launched)
+    for q, sv in launches:
+        if q is None:
+            out = {k: v for k, v in out.items() if v[0] != sv}
+        else:
+            out[q] = sv
+    return out
 
 
 class Lockstep:
@@ -358,6 +375,13 @@ class Lockstep:
         if inst.name == "attempt_write":
             q = inst.args[1]
             return bool(self.spec["part_used"][q] and not self.spec["part_closed"][q])
+        if inst.name == "finish":
+            # a report for a version without authority is legal (logged as late); one for the
+            # current version is legal when the spec's ``finish`` is
+            s, v = inst.args
+            retired = v < self.spec["scope_epoch"][s]
+            ended = self.spec["scope_mode"][s] in (CANCELLED, FINISHED)
+            return retired or ended or self.spec_enabled(ActionInstance("finish", (s,)))
         return self.spec_enabled(inst)
 
     def report(self, s: int) -> Outcome:
@@ -403,10 +427,7 @@ class Lockstep:
                 spec = nxt
             self.spec = memo.specs.setdefault(spec.cells, spec) if memo is not None else spec
         if launches:
-            launched = dict(self.launched)
-            for q, sv in launches:
-                launched[q] = sv
-            self.launched = launched
+            self.launched = launched_after(self.launched, launches)
 
     def _add_pins(self, pins: Any) -> None:
         pending = dict(self.pending_reports)
@@ -466,12 +487,20 @@ class Lockstep:
         if n == "supersede":
             s, ctx, reuse = a
             return rc.Supersede(u.scopes[s], tuple(ctx), _contract(reuse))
-        if n in ("pause", "unpause", "cancel"):
-            cls = {"pause": rc.Pause, "unpause": rc.Unpause, "cancel": rc.Cancel}[n]
+        if n in ("pause", "unpause", "cancel", "forget"):
+            cls = {
+                "pause": rc.Pause,
+                "unpause": rc.Unpause,
+                "cancel": rc.Cancel,
+                "forget": rc.Forget,
+            }[n]
             return cls(u.scopes[a[0]])
         if n == "launch":
             q, s, v = a
             return rc.ParticipantStarted(u.scopes[s], v, u.parts[q])
+        if n == "finish":
+            s, v = a
+            return rc.VersionFinished(u.scopes[s], v)
         if n == "receipt":
             (q,) = a
             s, v = self.launched[q]
@@ -498,6 +527,9 @@ class Lockstep:
         if n == "reuse_id":
             (p,) = a
             return rc.PageReused(p)
+        if n == "evict":
+            (p,) = a
+            return rc.PageEvicted(p)
         raise ValueError(f"no core event for {inst}")
 
     # --- one core step ------------------------------------------------------------------------
@@ -583,6 +615,8 @@ class Lockstep:
                 si = found[0]
                 if si.name == "launch":
                     launches.append((si.args[0], si.args[1:]))
+                elif si.name == "forget":
+                    launches.append((None, si.args[0]))
         pins = tuple(
             (self.uni.scope_slot(c.certificate.scope), c.certificate.version)
             for c in result.commands
@@ -635,7 +669,7 @@ class Lockstep:
         if n in ("open", "supersede"):
             rec = self.core_after_scope(t.scope)
             return ActionInstance(n, (s, tuple(int(k) for k in rec[0]), rec[1]))
-        if n in ("pause", "unpause", "cancel", "resume"):
+        if n in ("pause", "unpause", "cancel", "resume", "finish", "forget"):
             return ActionInstance(n, (s,))
         if n == "launch":
             return ActionInstance(n, (u.part_slot(t.arg("participant")), s, t.version))
@@ -651,7 +685,7 @@ class Lockstep:
             return ActionInstance(
                 n, (t.arg("page"), u.part_slot(t.arg("participant")), t.arg("completes"))
             )
-        if n in ("close_writer", "unhold", "free", "reuse_id"):
+        if n in ("close_writer", "unhold", "free", "reuse_id", "evict"):
             return ActionInstance(n, (t.arg("page"),))
         if n in ("certify", "adopt", "release"):
             return ActionInstance(n, (s, t.arg("page")))

@@ -30,14 +30,14 @@ from retire_core import connection, gates, handoff, machine, reclaim
 from retire_core.state import evolve as evolve_record
 from retire_spec import actions as A
 from retire_spec.expr import Interp, Val
-from retire_spec.schema import ACTIVE, IN_FLIGHT, Bounds, SpecState
+from retire_spec.schema import ACTIVE, FINISHED, IN_FLIGHT, Bounds, SpecState
 
 CONFIGS: dict[str, Config] = {c.name: c for c in QUICK.configs}
 
 # Small spec-only worlds (the spec explorer enumerates every action instance, the core's
 # decisions included, so it needs less room than the explorer over the core).
 #: Examples the Hypothesis machine gets per core mutant (``judge(..., use_hypothesis=True)``).
-#: From ``fuzz.FUZZ_SEED``, 1,000 kill all 19 core mutants (about 30 s for the whole catalogue,
+#: From ``fuzz.FUZZ_SEED``, 1,000 kill all 41 core mutants (about 140 s for the whole catalogue,
 #: since a run stops at its first failure); 60 left 7 of them alive.
 HYPOTHESIS_EXAMPLES = 1000
 
@@ -105,6 +105,26 @@ def _cancelled_gate(
     if scope.state is rc.ScopeState.CANCELLED and version == scope.epoch:
         return True, None
     return _gate(scope, version, k)
+
+
+def _finished_gate(scope: rc.ScopeRecord, version: int, k: rc.FrameKind) -> tuple[bool, str | None]:
+    if scope.state is rc.ScopeState.FINISHED and version == scope.epoch:
+        return True, None  # a finished version keeps publishing
+    return _gate(scope, version, k)
+
+
+def _finish_without_fence(txn: Any, ev: rc.VersionFinished) -> None:
+    rec = txn.scopes[ev.scope]
+    if not rec.has_authority(ev.version):
+        return
+    txn.scopes[ev.scope] = evolve_record(rec, state=rc.ScopeState.FINISHED)
+    txn.record("finish", rc.Stage.RECLAIM, ev.scope, rec.epoch)
+    _reclaim(txn, ev.scope)  # what still runs of the version is never told to stop
+
+
+def _forget_keeping_record(txn: Any, ev: rc.Forget) -> None:
+    rec = txn.scopes[ev.scope]
+    txn.record("forget", rc.Stage.CONTROL, ev.scope, rec.epoch)  # but the record stays
 
 
 def _pause_gate(scope: rc.ScopeRecord, version: int, k: rc.FrameKind) -> tuple[bool, str | None]:
@@ -627,6 +647,49 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         judged_by=("hypothesis",),
     ),
     Mutant(
+        "finished_version_publishes",
+        "stale publication (finish)",
+        "core",
+        "frames of a version that ran to its end still publish",
+        (_C["control"],),
+        _p(machine, "publication_gate", _finished_gate),
+    ),
+    Mutant(
+        "finished_version_keeps_pages",
+        "leak (finish)",
+        "core",
+        "RECLAIM treats a finished scope's version as live: its pages never go back",
+        (_C["control"],),
+        _p(reclaim, "_ENDED", (rc.ScopeState.CANCELLED,)),
+    ),
+    Mutant(
+        "finish_without_fence",
+        "finish without fence",
+        "core",
+        "a version reported finished while a participant of it still runs is not fenced",
+        (_C["control"],),
+        lambda: mock.patch.dict(
+            machine._SCOPE_HANDLERS, {"on_version_finished": _finish_without_fence}
+        ),
+    ),
+    Mutant(
+        "release_to_cache_dropped",
+        "command dropped (ReleaseToCache)",
+        "core",
+        "a finished version's pages are never given back to the engine's cache",
+        (_C["control"],),
+        _without(rc.ReleaseToCache),
+    ),
+    Mutant(
+        "forgotten_scope_kept",
+        "forget (record kept)",
+        "core",
+        "Forget logs the scope as forgotten but keeps its record: the id can never open again",
+        (),
+        lambda: mock.patch.dict(machine._SCOPE_HANDLERS, {"on_forget": _forget_keeping_record}),
+        judged_by=("hypothesis",),
+    ),
+    Mutant(
         "cold_successor_pins",
         "cold successor inheriting",
         "core",
@@ -730,6 +793,16 @@ def _supersede_keeping_pins(
     effect = A.supersede_effect(I, st, s, ctx, reuse)
     del effect["page_pinned"]  # chain collapse forgets the previous successor's pins
     return effect
+
+
+def _publish_after_finish(I: Interp, st: SpecState, f: Val) -> Val:
+    s = I.get(st["frame_scope"], f)
+    finished = I.and_(
+        I.eq(I.get(st["frame_state"], f), I.lit(IN_FLIGHT)),
+        I.eq(I.get(st["frame_ver"], f), I.get(st["scope_epoch"], s)),
+        I.eq(I.get(st["scope_mode"], s), I.lit(FINISHED)),
+    )
+    return I.or_(A.publish_guard(I, st, f), finished)
 
 
 def _pause_advancing(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
@@ -843,6 +916,14 @@ SPEC_MUTANTS: tuple[Mutant, ...] = (
         actions=_replace("free", guard=_free_pinned_guard),
     ),
     Mutant(
+        "spec_evict_pinned",
+        "free while referenced",
+        "spec",
+        "the engine may evict a cached page a successor has pinned",
+        (SPEC_ONE,),
+        actions=_replace("evict", guard=_free_pinned_guard),
+    ),
+    Mutant(
         "spec_chain_collapse_leaks",
         "chain collapse that leaks",
         "spec",
@@ -857,6 +938,14 @@ SPEC_MUTANTS: tuple[Mutant, ...] = (
         "pause moves the scope to a new version",
         (SPEC_ONE,),
         actions=_replace("pause", effect=_pause_advancing),
+    ),
+    Mutant(
+        "spec_finished_publishes",
+        "stale publication (finish)",
+        "spec",
+        "publish stays enabled for the current version after it finished",
+        (SPEC_ONE,),
+        actions=_replace("publish", guard=_publish_after_finish),
     ),
     Mutant(
         "spec_cancel_creates_successor",

@@ -310,6 +310,16 @@ def prove(
     if trace is not None:
         for name in trace.violated:
             status[name] = VIOLATED
+    else:
+        # A query over every property at once can come back unknown where one over a single
+        # property decides: look for a trace to each property a CTI left unknown, alone.
+        for p in props:
+            if status[p.name] != UNKNOWN:
+                continue
+            found, _ = bmc([p], actions, bmc_depth, timeout_ms, replay=replay)
+            if found is not None:
+                status[p.name] = VIOLATED
+                trace, bmc_status = trace or found, "violated"
     return ProofReport(
         status,
         tuple(checks),

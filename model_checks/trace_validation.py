@@ -1,22 +1,21 @@
 """Trace validation: is a recorded ``retire.transition`` log a behaviour of the spec?
 
-``validate_lines`` (and ``validate_file``) read the JSON lines that ``retire_core.Retire``
-writes through structlog (one object per transition: ``seq``, ``trigger``, ``transition``,
-``stage``, ``scope``, ``version`` and the transition's arguments) and replay them as spec
-actions. The universe is sized from the trace itself (a first pass counts scopes, participants
-and pages; ids are mapped to slots on first sight), so traces of real engines with arbitrary
-ids and any number of versions are accepted; block keys, fingerprints and digests are interned
-to integers. What a log never shows is searched for: the spec's *world* actions. A frame's
-``emit`` is placed by commutation: it only touches that frame's columns, so it can be moved to
-any moment a participant of the frame's version was running, and the validator checks that
-such a moment existed; after delivery a frame's slot is recycled (its columns are never read
-again). A ``corrupt`` of page bytes is explored as a branch whenever a byte check failed with
-``digest_mismatch`` (the set of candidate spec states is kept, deduplicated). Each logged
-transition must be allowed by the spec's guard in at least one candidate state, every
-invariant must hold afterwards, and the logged fields the spec determines (generations,
+``validate_lines`` (and ``validate_file``) read the JSON lines that ``retire_core.Retire`` writes
+through structlog (one object per transition: ``seq``, ``trigger``, ``transition``, ``stage``,
+``scope``, ``version`` and the transition's arguments) and replay them as spec actions. The universe
+is sized from the trace itself (a first pass counts scopes, participants and pages; ids are mapped
+to slots on first sight), so traces of real engines with arbitrary ids and any number of versions
+are accepted; block keys, fingerprints and digests are interned to integers. What a log never shows
+is searched for: the spec's *world* actions. A frame's ``emit`` is placed by commutation: it only
+touches that frame's columns, so it can be moved to any moment a participant of the frame's version
+was running, and the validator checks that such a moment existed; after delivery a frame's slot is
+recycled (its columns are never read again). A ``corrupt`` of page bytes is explored as a branch
+whenever a byte check failed with ``digest_mismatch`` (the set of candidate spec states is kept,
+deduplicated). Each logged transition must be allowed by the spec's guard in at least one candidate
+state, every invariant must hold afterwards, and the logged fields the spec determines (generations,
 versions, the certified digest, inheritability) must agree with it; stutters (``fence``,
-``late_report``) must concern a version without authority. The first line at which no
-candidate survives is reported with the reason. What does not live here: the structlog
+``late_report``, ``late_finish``) must concern a version without authority. The first line at which
+no candidate survives is reported with the reason. What does not live here: the structlog
 configuration (the caller's) and the CLI (``cli_checks``).
 """
 
@@ -38,6 +37,7 @@ from retire_spec.schema import (
     CANCELLED,
     COLUMN_INDEX,
     COLUMNS,
+    FINISHED,
     FRAME_KINDS,
     GARBAGE,
     NO_FRAME,
@@ -50,7 +50,7 @@ from retire_spec.schema import (
 
 EVENT = "retire.transition"
 KINDS = {"token": FRAME_KINDS[0], "commit": FRAME_KINDS[1], "install": FRAME_KINDS[2]}
-STUTTERS = frozenset({"fence", "late_report"})
+STUTTERS = frozenset({"fence", "late_report", "late_finish"})
 KNOWN = frozenset(ACTION_BY_NAME) - {"emit", "corrupt"} | STUTTERS
 
 
@@ -210,7 +210,7 @@ class Validator:
         A = ActionInstance
         if t in ("open", "supersede"):
             return [A(t, (self._scope(r), self._ctx(r), bool(r.need("reuse"))))]
-        if t in ("pause", "unpause", "cancel", "resume"):
+        if t in ("pause", "unpause", "cancel", "resume", "finish", "forget"):
             return [A(t, (self._scope(r),))]
         if t == "launch":
             return [A(t, (self._part(r), self._scope(r), int(r.need("version"))))]
@@ -222,7 +222,7 @@ class Validator:
             return [A(t, (self._page(r), self._part(r), int(r.need("position"))))]
         if t in ("write", "fence_write"):
             return [A(t, (self._page(r), self._part(r), bool(r.need("completes"))))]
-        if t in ("close_writer", "reuse_id", "unhold", "free"):
+        if t in ("close_writer", "reuse_id", "unhold", "free", "evict"):
             return [A(t, (self._page(r),))]
         if t in ("certify", "adopt", "release"):
             return [A(t, (self._scope(r), self._page(r)))]
@@ -315,7 +315,7 @@ class Validator:
         v = int(r.need("version"))
         st = candidates[0]  # control columns agree across candidates (only world differs)
         epoch, mode = st["scope_epoch"][s], st["scope_mode"][s]
-        retired = v < epoch or (v == epoch and mode == CANCELLED)
+        retired = v < epoch or (v == epoch and mode in (CANCELLED, FINISHED))
         if not retired:
             raise TraceError(
                 r.line,
@@ -337,7 +337,17 @@ class Validator:
         d = r.data
         t = inst.name
         s_of = d.get("scope")
-        if t in ("open", "supersede", "pause", "unpause", "cancel", "resume", "certify", "adopt"):
+        if t in (
+            "open",
+            "supersede",
+            "pause",
+            "unpause",
+            "cancel",
+            "resume",
+            "finish",
+            "certify",
+            "adopt",
+        ):
             s = self.scopes(s_of)
             if d.get("version") != st["scope_epoch"][s]:
                 raise TraceError(
@@ -426,7 +436,13 @@ def _brief(d: dict[str, Any]) -> str:
     return ", ".join(f"{k}={d[k]}" for k in keys if k in d)
 
 
-_MODE_NAMES = {0: "unopened", ACTIVE: "active", PAUSED: "paused", CANCELLED: "cancelled"}
+_MODE_NAMES = {
+    0: "unopened",
+    ACTIVE: "active",
+    PAUSED: "paused",
+    CANCELLED: "cancelled",
+    FINISHED: "finished",
+}
 _FRAME_COLUMNS = tuple(c.name for c in COLUMNS if c.sort == "Frame")
 _INITIAL: dict[Bounds, SpecState] = {}
 

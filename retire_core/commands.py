@@ -1,12 +1,12 @@
 """Commands: what the core tells the engine to do, in order.
 
-Publication decisions (``Publish``, ``Drop``), fencing (``Fence`` asks the engine to stop a
-retired version's participants and close their writers at the next safe boundary;
-``AllowWrite`` / ``FenceWrite`` answer a write attempt), handoff (``PinCertified`` pins the
-certified prefix and asks for a byte check; ``Adopt`` moves pinned pages to the successor;
-``Unpin`` releases pins that will not be adopted), admission (``Admit``) and reclamation
-(``Free``). Every command is a frozen attrs class with slots; the engine executes them and reports
-what it observed back as events.
+Publication decisions (``Publish``, ``Drop``), fencing (``Fence`` asks the engine to stop a retired
+version's participants and close their writers at the next safe boundary; ``AllowWrite`` /
+``FenceWrite`` answer a write attempt), handoff (``PinCertified`` pins the certified prefix and asks
+for a byte check; ``Adopt`` moves pinned pages to the successor; ``Unpin`` releases pins that will
+not be adopted), admission (``Admit``) and reclamation (``Free``; ``ReleaseToCache`` for a finished
+version's inheritable pages). Every command is a frozen attrs class with slots; the engine executes
+them and reports what it observed back as events.
 """
 
 from __future__ import annotations
@@ -115,6 +115,25 @@ class Free:
     pages: tuple[PageId, ...]
 
 
+@attrs.frozen(slots=True)
+class ReleaseToCache:
+    """A finished version's completed pages: drop every reference to them but keep them in the
+    engine's prefix cache, where a later revision may still have them certified. The engine may
+    evict them; it reports each eviction (``PageEvicted``) before the block is reused."""
+
+    pages: tuple[PageId, ...]
+
+
 Command = (
-    Publish | Drop | Fence | AllowWrite | FenceWrite | PinCertified | Adopt | Unpin | Admit | Free
+    Publish
+    | Drop
+    | Fence
+    | AllowWrite
+    | FenceWrite
+    | PinCertified
+    | Adopt
+    | Unpin
+    | Admit
+    | Free
+    | ReleaseToCache
 )

@@ -1,10 +1,11 @@
 """Events: what the engine (or the user, through it) tells the core.
 
-Each event is a frozen attrs class with slots. User requests: ``Submit``, ``Supersede``,
-``Pause``, ``Unpause``, ``Cancel``. Engine observations: ``ParticipantStarted``, ``Receipt``,
+Each event is a frozen attrs class with slots. User requests: ``Submit``, ``Supersede``, ``Pause``,
+``Unpause``, ``Cancel``, ``Forget``. Engine observations: ``ParticipantStarted``, ``Receipt``,
 ``FrameArrived``, ``PageAllocated``, ``WriteAttempted``, ``WriterClosed``, ``AdoptionReport``,
-``PageReused``. Field validation (ids, contexts) happens here, at construction, so a malformed
-event never reaches the state machine. What the core answers lives in ``commands``.
+``PageReused``, ``PageEvicted``, ``VersionFinished``. Field validation (ids, contexts) happens here,
+at construction, so a malformed event never reaches the state machine. What the core answers lives
+in ``commands``.
 """
 
 from __future__ import annotations
@@ -131,6 +132,16 @@ class Cancel:
 
 
 @attrs.frozen(slots=True)
+class Forget:
+    """Drop a cancelled scope's record once nothing of it is left (no participant running, no
+    page, and, which only the caller can know, no frame of it still on its way): the core's
+    state stays bounded on a server that opens scopes for days. The scope id is unknown
+    afterwards, so a later ``Submit`` of it opens a new scope at version 0."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+
+
+@attrs.frozen(slots=True)
 class ParticipantStarted:
     """The engine started a participant (request, cache group, rank) for a version."""
 
@@ -207,6 +218,23 @@ class AdoptionReport:
 
 
 @attrs.frozen(slots=True)
+class PageEvicted:
+    """The engine evicted a page the core gave back to its cache (``ReleaseToCache``) and is
+    about to reuse the block."""
+
+    page: PageId = attrs.field(validator=_page)
+
+
+@attrs.frozen(slots=True)
+class VersionFinished:
+    """The version's work ran to its end (its request completed and was handed to the client):
+    nothing of it publishes any more and its pages go back to the engine's cache."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    version: Version = attrs.field(validator=_version)
+
+
+@attrs.frozen(slots=True)
 class PageReused:
     """The engine observed a retained page's block id being recycled underneath the core."""
 
@@ -219,6 +247,7 @@ Event = (
     | Pause
     | Unpause
     | Cancel
+    | Forget
     | ParticipantStarted
     | Receipt
     | FrameArrived
@@ -227,6 +256,8 @@ Event = (
     | WriterClosed
     | AdoptionReport
     | PageReused
+    | PageEvicted
+    | VersionFinished
 )
 SCOPE_EVENTS: tuple[type, ...] = (
     Submit,
@@ -234,11 +265,13 @@ SCOPE_EVENTS: tuple[type, ...] = (
     Pause,
     Unpause,
     Cancel,
+    Forget,
     ParticipantStarted,
     Receipt,
     FrameArrived,
     PageAllocated,
     WriteAttempted,
     AdoptionReport,
+    VersionFinished,
 )
-PAGE_EVENTS: tuple[type, ...] = (WriterClosed, PageReused)
+PAGE_EVENTS: tuple[type, ...] = (WriterClosed, PageReused, PageEvicted)

@@ -2,7 +2,8 @@
 
 ``publication_gate`` is Rule 1 (current-version publication) for every frame kind — tokens on
 their way to a consumer, scheduler commits, installed state: a frame passes only if its version
-is the scope's current version at this moment and the scope holds authority (active or paused).
+is the scope's current version at this moment and the scope holds authority (active or paused;
+a cancelled scope and a finished version publish nothing more).
 ``write_gate`` is Rule 3 (retired-state isolation): a write lands only in a page owned by the
 writer's own version whose writer is still open. Both return a decision and, when they refuse,
 the reason that is logged with the drop or fence. Nothing else in the core decides these
@@ -24,6 +25,8 @@ def publication_gate(
         return False, "scope_cancelled"
     if version != scope.epoch:
         return False, "retired_version"
+    if scope.state is ScopeState.FINISHED:
+        return False, "version_finished"
     return True, None
 
 

@@ -5,7 +5,7 @@ Like h2's memory of closed streams, the core remembers a bounded number of drain
 error, and its log line says which case it was: ``retired_draining`` (the version still has
 participants or pages), ``retired_drained`` (it has fully drained and is in the ledger) or
 ``retired_expired`` (older than the ledger remembers). A cancelled scope's own version is
-``scope_cancelled``.
+``scope_cancelled``; a finished scope's own version is ``version_finished``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ def classify_late(txn: Txn, scope: ScopeId, version: Version) -> str:
     rec = txn.read_scope(scope)  # reads only: nothing is thawed
     if rec.state is ScopeState.CANCELLED and version == rec.epoch:
         return "scope_cancelled"
+    if rec.state is ScopeState.FINISHED and version == rec.epoch:
+        return "version_finished"
     if any(r.version == version for r in rec.participants.values()) or any(
         v == version for v, _ in txn.page_kinds(scope)
     ):

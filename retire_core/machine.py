@@ -35,8 +35,10 @@ from retire_core.events import (
     AdoptionReport,
     Cancel,
     Event,
+    Forget,
     FrameArrived,
     PageAllocated,
+    PageEvicted,
     PageReused,
     ParticipantStarted,
     Pause,
@@ -44,6 +46,7 @@ from retire_core.events import (
     Submit,
     Supersede,
     Unpause,
+    VersionFinished,
     WriteAttempted,
     WriterClosed,
 )
@@ -200,6 +203,45 @@ def on_cancel(txn: Txn, ev: Cancel) -> None:
     )
     _fence_running(txn, ev.scope, below=rec.epoch + 1)
     reclaim.reclaim(txn, ev.scope)
+
+
+def on_version_finished(txn: Txn, ev: VersionFinished) -> None:
+    """The current version ran to its end: it loses authority (nothing of it publishes any
+    more), anything of it still running is fenced, and RECLAIM gives its pages back once its
+    receipts are in. A report for a version that no longer holds authority (superseded,
+    cancelled, already finished: a late or repeated report) changes nothing."""
+    rec = txn.scopes[ev.scope]
+    _no_future(rec, ev.scope, ev.version, "VersionFinished")
+    if not rec.has_authority(ev.version):
+        if ev.version == rec.epoch and rec.state is ScopeState.ALIGNING:
+            raise IllegalTransitionError(
+                rec.state.value, "VersionFinished", f"version {ev.version} was never admitted"
+            )
+        why = classify_late(txn, ev.scope, ev.version)
+        txn.record("late_finish", Stage.RECLAIM, ev.scope, ev.version, reason=why)
+        return
+    txn.scopes[ev.scope] = evolve(rec, state=ScopeState.FINISHED)
+    txn.record("finish", Stage.RECLAIM, ev.scope, rec.epoch, changed={"state": ScopeState.FINISHED})
+    _fence_running(txn, ev.scope, below=rec.epoch + 1)
+    reclaim.reclaim(txn, ev.scope)
+
+
+def on_forget(txn: Txn, ev: Forget) -> None:
+    """Drop a cancelled scope that has nothing left: its record and its versions in the ledger
+    (the id may open a new scope later, at version 0)."""
+    rec = txn.scopes[ev.scope]
+    running = [q for q, r in rec.participants.items() if not r.closed]
+    pages = len(txn.owned_pages(ev.scope))
+    if running or pages:
+        raise IllegalTransitionError(
+            rec.state.value,
+            "Forget",
+            f"scope {ev.scope!r} still has {len(running)} participants running and {pages} pages",
+        )
+    del txn.scopes[ev.scope]
+    ledger = txn.ledger
+    ledger[:] = [entry for entry in ledger if entry[0] != ev.scope]
+    txn.record("forget", Stage.CONTROL, ev.scope, rec.epoch, changed={"state": None})
 
 
 # --- engine observations ---------------------------------------------------------------------
@@ -508,12 +550,27 @@ def on_page_reused(txn: Txn, ev: PageReused) -> None:
     )
 
 
+def on_page_evicted(txn: Txn, ev: PageEvicted) -> None:
+    """The engine evicted a page the core gave back to its cache: the core forgets it (its
+    generation stays, so an old reference to the block is recognised as gone)."""
+    page = _tracked_page(txn, ev.page, "PageEvicted")
+    if page.held or page.pinned:
+        raise PageInUseError(
+            f"page {ev.page} of {page.owner}@{page.version} is "
+            f"{'referenced' if page.held else 'pinned for a successor'}; only a page given back "
+            "to the cache can be evicted"
+        )
+    del txn.pages[ev.page]
+    txn.record_page("evict", Stage.RECLAIM, page.owner, page.version, ev.page)
+    reclaim.reclaim(txn, page.owner)
+
+
 _SCOPE_HANDLERS: dict[str, Callable[[Txn, Any], None]] = {
     name: fn for name, fn in globals().items() if name.startswith("on_") and callable(fn)
 }
 
 
-_EVENT_TYPES = (*SCOPE_EVENTS, WriterClosed, PageReused)
+_EVENT_TYPES = (*SCOPE_EVENTS, WriterClosed, PageReused, PageEvicted)
 
 
 _SCOPE_EVENT_TYPES = frozenset(SCOPE_EVENTS)
@@ -558,7 +615,7 @@ def _apply(txn: Txn, event: Event) -> None:
         return
     if not isinstance(event, _EVENT_TYPES):
         raise TypeError(f"not a Retire event: {event!r}")
-    if not isinstance(event, WriterClosed | PageReused):
+    if not isinstance(event, WriterClosed | PageReused | PageEvicted):
         rec = txn.scope_record(event.scope)
         key = (rec.state if rec is not None else None, cls)
         handler = TABLE.get(key)
@@ -567,8 +624,10 @@ def _apply(txn: Txn, event: Event) -> None:
         _SCOPE_HANDLERS[handler](txn, event)
     elif isinstance(event, WriterClosed):
         on_writer_closed(txn, event)
-    else:
+    elif isinstance(event, PageReused):
         on_page_reused(txn, event)
+    else:
+        on_page_evicted(txn, event)
 
 
 def step(state: CoreState, event: Event) -> Step:

@@ -1,25 +1,30 @@
 """RECLAIM: releasing what retired versions no longer need, and forgetting drained versions.
 
-A page of a retired (or cancelled) version loses its execution reference once every participant
-of that version has delivered its receipt and its writer is closed; a page with neither reference
-nor handoff pin is freed. A retired version with no participant running and no page left is
-moved to the bounded ledger, so that the core's state stays small while late events for it can
-still be classified. Reclamation never waits in the successor's path: it runs whenever a receipt,
-writer closure or adoption makes progress possible, and never frees a pinned or referenced page.
+A page of a retired version (or of a cancelled or finished scope's own version) loses its execution
+reference once every participant of that version has delivered its receipt and its writer is closed;
+a page with neither reference nor handoff pin is freed, except a finished version's completed pages,
+which go back to the engine's cache (``ReleaseToCache``) and stay tracked until a revision certifies
+or frees them, a cancel frees them, or the engine evicts them. A retired version with no participant
+running and no page left is moved to the bounded ledger, so that the core's state stays small while
+late events for it can still be classified. Reclamation never waits in the successor's path: it runs
+whenever a receipt, writer closure or adoption makes progress possible, and never frees a pinned or
+referenced page.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from retire_core.commands import Free
+from retire_core.commands import Free, ReleaseToCache
 from retire_core.frozen import FrozenMap
 from retire_core.ids import ScopeId
-from retire_core.state import ScopeRecord, ScopeState, evolve
+from retire_core.state import PageRecord, ScopeRecord, ScopeState, evolve
 from retire_core.transitions import Stage
 from retire_core.txn import PageDict, Txn
 
-_CANCELLED = ScopeState.CANCELLED
+# scopes whose current version has lost authority too: its pages are reclaimed like a retired one's
+_ENDED = (ScopeState.CANCELLED, ScopeState.FINISHED)
+_FINISHED = ScopeState.FINISHED
 _RECLAIM = Stage.RECLAIM
 _UNHELD = (("held", False),)
 
@@ -34,11 +39,11 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
         # record nor any page's owner, version or ``held`` flag has changed, and no page has
         # been added: it is still clean (a batch of writer closures pays the scan once).
         return
-    cancelled = rec.state is _CANCELLED
+    ended = rec.state in _ENDED
     epoch = rec.epoch
     kinds = txn.page_kinds(scope)
     if (
-        not cancelled
+        not ended
         and all(r.version >= epoch for r in rec.participants.values())
         and all(held and v >= epoch for v, held in kinds)
     ):
@@ -50,22 +55,28 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
     drained: dict[int, bool] = {}  # ``rec.drained(v)``, asked once per version
     if _nothing_drained(rec, kinds, drained):
         return
+    finished = rec.state is _FINISHED
     freed = []
+    cached: list[int] = []
     live: set[int] = set()  # the versions of the pages that stay
     # Each page is read once, from the view as it was before the pass (a page the pass has not
     # reached yet is the same there); the page map is thawed only when a page changes.
     view = txn.rpages
     for p in sorted(txn.owned_pages(scope)):
         page = view[p]
-        if page.held and (cancelled or page.version < epoch) and not page.writer_open:
+        if page.held and (ended or page.version < epoch) and not page.writer_open:
             v = page.version
             done = drained.get(v)
             if done is None:
                 done = drained[v] = rec.drained(v)
             if done:
                 txn.record_page("unhold", _RECLAIM, scope, v, p, _UNHELD)
-                if page.pinned:
+                if page.pinned or (finished and v == epoch and _inheritable(page)):
+                    # pinned: the successor's; a finished version's completed page: back to
+                    # the engine's cache, where a later revision may still have it certified
                     txn.pages[p] = evolve(page, held=False)
+                    if not page.pinned:
+                        cached.append(p)
                     live.add(v)
                     continue
                 # unheld and unpinned: freed right away (the unheld copy would never be read)
@@ -73,7 +84,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
                 freed.append(p)
                 txn.record_page("free", _RECLAIM, scope, v, p)
                 continue
-        if not page.held and not page.pinned:
+        if not page.held and not page.pinned and not (finished and page.version == epoch):
             del txn.pages[p]
             freed.append(p)
             txn.record_page("free", _RECLAIM, scope, page.version, p)
@@ -81,7 +92,15 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
         live.add(page.version)
     if freed:
         txn.emit(Free(tuple(freed)))
+    if cached:
+        txn.emit(ReleaseToCache(tuple(cached)))
     _forget_drained_versions(txn, scope, rec, live, drained)
+
+
+def _inheritable(page: PageRecord) -> bool:
+    """A completed page holding a block of its version's context (one a successor could have
+    certified)."""
+    return page.full and page.prefix is not None
 
 
 def _nothing_drained(
@@ -92,10 +111,10 @@ def _nothing_drained(
     forget): a fence in progress, its receipts still due. ``drained`` gets what it learns."""
     if not all(held for _, held in kinds):
         return False
-    cancelled = rec.state is _CANCELLED
+    ended = rec.state in _ENDED
     epoch = rec.epoch
-    retired = {v for v, _ in kinds if cancelled or v < epoch}
-    retired.update(r.version for r in rec.participants.values() if cancelled or r.version < epoch)
+    retired = {v for v, _ in kinds if ended or v < epoch}
+    retired.update(r.version for r in rec.participants.values() if ended or r.version < epoch)
     for v in retired:
         drained[v] = rec.drained(v)
         if drained[v]:
@@ -110,11 +129,11 @@ def _forget_drained_versions(
     versions of the scope's remaining pages) to the ledger. ``rec`` is the scope's record
     (RECLAIM changes no scope before this), ``drained`` what it already knows of
     ``rec.drained``."""
-    cancelled = rec.state is _CANCELLED
+    ended = rec.state in _ENDED
     epoch = rec.epoch
     gone = []
     for v in sorted({r.version for r in rec.participants.values()}):
-        if (cancelled or v < epoch) and v not in live_versions:
+        if (ended or v < epoch) and v not in live_versions:
             done = drained.get(v)
             if done is None:
                 done = drained[v] = rec.drained(v)

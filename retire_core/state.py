@@ -37,6 +37,9 @@ class ScopeState(enum.Enum):
     ALIGNING = "aligning"  # advanced; the successor waits for FENCE/ALIGN/RESUME
     PAUSED = "paused"  # the current version keeps authority but launches nothing new
     CANCELLED = "cancelled"  # terminal: no successor, nothing publishes
+    # the current version ran to its end: nothing more publishes, its pages go back to the
+    # engine; a revision starts the next version (cold), a cancel ends the scope
+    FINISHED = "finished"
 
 
 @attrs.frozen(slots=True, cache_hash=True)

@@ -3,7 +3,8 @@
 Every state change the core makes is reported as one ``Transition`` whose ``action`` is the name
 of the spec action it implements (``publish``, ``certify``, ``adopt``, ``free`` ...), or a
 *stutter* that changes no abstract state but is still worth a log line (``fence`` asks the engine
-to stop retired work; ``late_report`` ignores a byte check for a superseded successor). Each
+to stop retired work; ``late_report`` ignores a byte check for a superseded successor,
+``late_finish`` a finish report for a version that no longer holds authority). Each
 transition becomes exactly one structlog event, and the same records drive the refinement check
 and trace validation. The table of which events each scope state accepts lives in ``table``.
 """
@@ -28,7 +29,7 @@ class Stage(enum.Enum):
     CONTROL = "control"
 
 
-STUTTERS = frozenset({"fence", "late_report"})
+STUTTERS = frozenset({"fence", "late_report", "late_finish"})
 
 
 class Transition(NamedTuple):

@@ -1,12 +1,12 @@
 """The actions of the Retire protocol: one guard and one effect each, in the spec vocabulary.
 
 Every way the abstract state may change is listed in ``ACTIONS``: what a user asks for (open,
-supersede, pause, unpause, cancel), what the engine does on its own (launch, emit, write attempts,
-receipts, page faults) and what the protocol decides (publish or drop a frame, fence a write,
-certify, adopt, release, resume, unhold, free). Guards and effects are functions of an
-interpretation, so the same text is evaluated concretely (refinement, trace validation, the
-explorers) and symbolically (the Z3 proofs). The rules they must respect are stated separately in
-``rules`` and ``invariants``.
+supersede, pause, unpause, cancel, forget), what the engine does on its own (launch, emit, write
+attempts, receipts, a version running to its end, cache evictions, page faults) and what the
+protocol decides (publish or drop a frame, fence a write, certify, adopt, release, resume, unhold,
+free). Guards and effects are functions of an interpretation, so the same text is evaluated
+concretely (refinement, trace validation, the explorers) and symbolically (the Z3 proofs). The rules
+they must respect are stated separately in ``rules`` and ``invariants``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .schema import (
     ACTIVE,
     CANCELLED,
     DROPPED,
+    FINISHED,
     FRAME_KINDS,
     GARBAGE,
     IN_FLIGHT,
@@ -100,7 +101,7 @@ def open_effect(I: Interp, st: SpecState, s: Val, ctx: Val, reuse: Val) -> dict[
 
 
 def supersede_guard(I: Interp, st: SpecState, s: Val, ctx: Val, reuse: Val) -> Val:
-    return _mode_is(I, st, s, ACTIVE, PAUSED)
+    return _mode_is(I, st, s, ACTIVE, PAUSED, FINISHED)
 
 
 def supersede_effect(I: Interp, st: SpecState, s: Val, ctx: Val, reuse: Val) -> dict[str, Val]:
@@ -136,7 +137,7 @@ def unpause_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
 
 
 def cancel_guard(I: Interp, st: SpecState, s: Val) -> Val:
-    return _mode_is(I, st, s, ACTIVE, PAUSED)
+    return _mode_is(I, st, s, ACTIVE, PAUSED, FINISHED)
 
 
 def cancel_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
@@ -148,13 +149,57 @@ def cancel_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
     }
 
 
+def forget_guard(I: Interp, st: SpecState, s: Val) -> Val:
+    """A cancelled scope with nothing left: every participant closed, no page, and no frame of
+    it in flight (the caller vouches for that part: the core cannot see frames on their way)."""
+    return I.and_(
+        _mode_is(I, st, s, CANCELLED),
+        I.forall(
+            "Part",
+            lambda q: I.implies(
+                I.and_(I.get(st["part_used"], q), I.eq(I.get(st["part_scope"], q), s)),
+                I.get(st["part_closed"], q),
+            ),
+        ),
+        I.forall(
+            "Page",
+            lambda p: I.implies(
+                I.get(st["page_alloc"], p), I.not_(I.eq(I.get(st["page_owner"], p), s))
+            ),
+        ),
+        I.forall(
+            "Frame",
+            lambda f: I.implies(
+                I.eq(I.get(st["frame_state"], f), I.lit(IN_FLIGHT)),
+                I.not_(I.eq(I.get(st["frame_scope"], f), s)),
+            ),
+        ),
+    )
+
+
+def forget_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
+    """The scope is unopened again: a later open starts over at version 0; its participants'
+    slots are free."""
+    return {
+        "scope_mode": I.store(st["scope_mode"], s, I.lit(UNOPENED)),
+        "scope_epoch": I.store(st["scope_epoch"], s, I.lit(0)),
+        "scope_admitted": I.store(st["scope_admitted"], s, I.lit(False)),
+        "scope_cancel_epoch": I.store(st["scope_cancel_epoch"], s, I.lit(0)),
+        "part_used": I.update_where(
+            st["part_used"],
+            "Part",
+            lambda q, used: I.and_(used, I.not_(I.eq(I.get(st["part_scope"], q), s))),
+        ),
+    }
+
+
 # --- the engine -----------------------------------------------------------------------------
 
 
 def launch_guard(I: Interp, st: SpecState, q: Val, s: Val, v: Val) -> Val:
     """A participant starts for version ``v``: the current, admitted version of an active
-    scope, or (a launch racing a revision or a cancel) a version already without authority,
-    which FENCE then closes."""
+    scope, or (a launch racing a revision, a cancel or the version's end) a version already
+    without authority, which FENCE then closes."""
     epoch = I.get(st["scope_epoch"], s)
     return I.and_(
         I.not_(I.get(st["part_used"], q)),
@@ -162,7 +207,7 @@ def launch_guard(I: Interp, st: SpecState, q: Val, s: Val, v: Val) -> Val:
         I.le(I.lit(0), v),
         I.or_(
             I.lt(v, epoch),
-            I.and_(I.eq(v, epoch), _mode_is(I, st, s, CANCELLED)),
+            I.and_(I.eq(v, epoch), _mode_is(I, st, s, CANCELLED, FINISHED)),
             I.and_(I.eq(v, epoch), I.get(st["scope_admitted"], s), _mode_is(I, st, s, ACTIVE)),
         ),
     )
@@ -175,6 +220,15 @@ def launch_effect(I: Interp, st: SpecState, q: Val, s: Val, v: Val) -> dict[str,
         "part_ver": I.store(st["part_ver"], q, v),
         "part_closed": I.store(st["part_closed"], q, I.lit(False)),
     }
+
+
+def finish_guard(I: Interp, st: SpecState, s: Val) -> Val:
+    """The admitted current version of a live scope runs to its end (its request completed)."""
+    return I.and_(_mode_is(I, st, s, ACTIVE, PAUSED), I.get(st["scope_admitted"], s))
+
+
+def finish_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
+    return {"scope_mode": I.store(st["scope_mode"], s, I.lit(FINISHED))}
 
 
 def receipt_guard(I: Interp, st: SpecState, q: Val) -> Val:
@@ -452,6 +506,16 @@ def _version_drained(I: Interp, st: SpecState, s: Val, v: Val) -> Val:
     )
 
 
+def evict_guard(I: Interp, st: SpecState, p: Val) -> Val:
+    """The engine evicts a page from its prefix cache: one no execution references and no
+    handoff pins (a finished version's page the core gave back to the cache)."""
+    return I.and_(
+        I.get(st["page_alloc"], p),
+        I.not_(I.get(st["page_held"], p)),
+        I.not_(I.get(st["page_pinned"], p)),
+    )
+
+
 def unhold_guard(I: Interp, st: SpecState, p: Val) -> Val:
     """RECLAIM, first half: a retired version's reference goes once all its receipts are in."""
     s, v = I.get(st["page_owner"], p), I.get(st["page_over"], p)
@@ -459,7 +523,7 @@ def unhold_guard(I: Interp, st: SpecState, p: Val) -> Val:
         I.get(st["page_alloc"], p),
         I.get(st["page_held"], p),
         I.not_(I.get(st["page_writer"], p)),
-        I.or_(I.lt(v, I.get(st["scope_epoch"], s)), _mode_is(I, st, s, CANCELLED)),
+        I.or_(I.lt(v, I.get(st["scope_epoch"], s)), _mode_is(I, st, s, CANCELLED, FINISHED)),
         _version_drained(I, st, s, v),
     )
 
@@ -492,14 +556,17 @@ ACTIONS: tuple[Action, ...] = (
     _a("pause", "user", "s:Scope", pause_guard, pause_effect),
     _a("unpause", "user", "s:Scope", unpause_guard, unpause_effect),
     _a("cancel", "user", "s:Scope", cancel_guard, cancel_effect),
+    _a("forget", "user", "s:Scope", forget_guard, forget_effect),
     _a("launch", "engine", "q:Part s:Scope v:Ver", launch_guard, launch_effect),
     _a("receipt", "engine", "q:Part", receipt_guard, receipt_effect),
+    _a("finish", "engine", "s:Scope", finish_guard, finish_effect),
     _a("emit", "engine", "f:Frame q:Part k:FrameKind", emit_guard, emit_effect),
     _a("allocate", "engine", "p:Page q:Part i:Pos", allocate_guard, allocate_effect),
     _a("write", "engine", "p:Page q:Part done:Bool", write_guard, write_effect),
     _a("fence_write", "core", "p:Page q:Part done:Bool", fence_write_guard, _no_change),
     _a("close_writer", "engine", "p:Page", close_writer_guard, close_writer_effect),
     _a("corrupt", "engine", "p:Page", corrupt_guard, corrupt_effect),
+    _a("evict", "engine", "p:Page", evict_guard, free_effect),
     _a("reuse_id", "engine", "p:Page", reuse_id_guard, reuse_id_effect),
     _a("publish", "core", "f:Frame", publish_guard, publish_effect),
     _a("drop", "core", "f:Frame", drop_guard, drop_effect),

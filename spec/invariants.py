@@ -19,6 +19,7 @@ from .schema import (
     CANCELLED,
     COMMIT,
     DROPPED,
+    FINISHED,
     IN_FLIGHT,
     INSTALL,
     PAUSED,
@@ -247,7 +248,9 @@ INVARIANTS: tuple[Invariant, ...] = (
 
 
 def _no_leak(I: Interp, st: SpecState) -> Val:
-    """Every allocated page belongs to a live scope's current version, and no pin remains."""
+    """Every allocated page belongs to a live scope's current version (not a cancelled one;
+    a finished version's pages are given back: no execution references them, the engine's
+    cache may keep them for a later revision), and no pin remains."""
 
     def one(p: Val) -> Val:
         s = I.get(st["page_owner"], p)
@@ -256,6 +259,10 @@ def _no_leak(I: Interp, st: SpecState) -> Val:
             I.and_(
                 I.eq(I.get(st["page_over"], p), I.get(st["scope_epoch"], s)),
                 I.not_(I.eq(I.get(st["scope_mode"], s), I.lit(CANCELLED))),
+                I.implies(
+                    I.eq(I.get(st["scope_mode"], s), I.lit(FINISHED)),
+                    I.not_(I.get(st["page_held"], p)),
+                ),
                 I.not_(I.get(st["page_pinned"], p)),
             ),
         )
@@ -269,6 +276,7 @@ def _obsolete_closed(I: Interp, st: SpecState) -> Val:
         obsolete = I.or_(
             I.lt(I.get(st["part_ver"], q), I.get(st["scope_epoch"], s)),
             I.eq(I.get(st["scope_mode"], s), I.lit(CANCELLED)),
+            I.eq(I.get(st["scope_mode"], s), I.lit(FINISHED)),
         )
         return I.implies(I.and_(I.get(st["part_used"], q), obsolete), I.get(st["part_closed"], q))
 

@@ -39,6 +39,9 @@ class Role(enum.Enum):
 
 # Scope modes. UNOPENED scopes exist in the bounded universe but have not been submitted yet.
 UNOPENED, ACTIVE, PAUSED, CANCELLED = 0, 1, 2, 3
+# The current version ran to its end: it has no authority; its pages are reclaimed; a
+# supersede starts the next version, a cancel ends the scope.
+FINISHED = 4
 # Frame kinds (DESIGN.md: token output, scheduler commit, state install).
 TOKEN, COMMIT, INSTALL = 0, 1, 2
 FRAME_KINDS = (TOKEN, COMMIT, INSTALL)

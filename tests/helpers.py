@@ -39,6 +39,16 @@ PATHS: dict[str, tuple[A, ...]] = {
     ),
     "paused": (A("open", (0, (1, 2), True)), A("launch", (0, 0, 0)), A("pause", (0,))),
     "cancelled": (A("open", (0, (1, 2), True)), A("launch", (0, 0, 0)), A("cancel", (0,))),
+    "finished": (
+        A("open", (0, (1, 2), True)),
+        A("launch", (0, 0, 0)),
+        A("allocate", (0, 0, 0)),
+        A("attempt_write", (0, 0, True)),
+        A("close_writer", (0,)),
+        A("emit", (0, 0, 0)),  # a frame still in flight when the version finishes
+        A("receipt", (0,)),
+        A("finish", (0, 0)),
+    ),
 }
 
 

@@ -317,23 +317,32 @@ def reference_reclaim(txn: Any, scope: str) -> None:
     from retire_core.frozen import FrozenMap
 
     rec = txn.scopes[scope]
-    cancelled = rec.state is rc.ScopeState.CANCELLED
-    freed = []
+    cancelled = rec.state in (rc.ScopeState.CANCELLED, rc.ScopeState.FINISHED)
+    finished = rec.state is rc.ScopeState.FINISHED
+    freed, cached = [], []
     for p in sorted(p for p, page in txn.pages.items() if page.owner == scope):
         page = txn.pages[p]
         obsolete = cancelled or page.version < rec.epoch
+        # a finished version's completed pages go back to the engine's cache, still tracked
+        keep = finished and page.version == rec.epoch
         if page.held and obsolete and not page.writer_open and rec.drained(page.version):
             page = page._replace(held=False)
             txn.pages[p] = page
             txn.record(
                 "unhold", rc.Stage.RECLAIM, scope, page.version, changed={"held": False}, page=p
             )
-        if not page.held and not page.pinned:
+            if keep and page.full and page.prefix is not None and not page.pinned:
+                cached.append(p)
+                continue
+        inheritable = page.full and page.prefix is not None
+        if not page.held and not page.pinned and not (keep and inheritable):
             del txn.pages[p]
             freed.append(p)
             txn.record("free", rc.Stage.RECLAIM, scope, page.version, page=p)
     if freed:
         txn.emit(rc.Free(tuple(freed)))
+    if cached:
+        txn.emit(rc.ReleaseToCache(tuple(cached)))
     rec = txn.scopes[scope]
     live = {page.version for page in txn.pages.values() if page.owner == scope}
     gone = sorted(

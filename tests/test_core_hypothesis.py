@@ -49,6 +49,11 @@ RARE_PATHS = (
     "batch:logged",
     "batch:unlogged",
     "batch:refused",
+    # a version's end, the engine evicting what it gave back, and a cancelled scope forgotten
+    # (which the exhaustive explorer leaves out: a forgotten scope can open again, unbounded)
+    "transition:finish",
+    "transition:evict",
+    "transition:forget",
 )
 
 

@@ -20,6 +20,7 @@ STATES: dict[str, rc.ScopeState | None] = {
     "aligning": rc.ScopeState.ALIGNING,
     "paused": rc.ScopeState.PAUSED,
     "cancelled": rc.ScopeState.CANCELLED,
+    "finished": rc.ScopeState.FINISHED,
 }
 
 
@@ -34,6 +35,7 @@ def _event(kind: type, state: rc.CoreState) -> Any:
         rc.Pause: lambda: rc.Pause("s0"),
         rc.Unpause: lambda: rc.Unpause("s0"),
         rc.Cancel: lambda: rc.Cancel("s0"),
+        rc.Forget: lambda: rc.Forget("s0"),
         # A late launch (older version) where one exists, else a launch of the current version.
         rc.ParticipantStarted: lambda: rc.ParticipantStarted("s0", max(epoch - 1, 0), "q3"),
         rc.Receipt: lambda: (
@@ -54,6 +56,7 @@ def _event(kind: type, state: rc.CoreState) -> Any:
             if running
             else rc.WriteAttempted("s0", epoch, "q3", 2)
         ),
+        rc.VersionFinished: lambda: rc.VersionFinished("s0", epoch),
         rc.AdoptionReport: lambda: rc.AdoptionReport(
             "s0",
             epoch,
@@ -74,13 +77,13 @@ def test_table_covers_every_pair_it_names() -> None:
         assert state in STATES.values()
         assert kind in SCOPE_EVENTS
         assert handler.startswith("on_")
-    assert len(CASES) == len(STATES) * len(SCOPE_EVENTS) == 55
+    assert len(CASES) == len(STATES) * len(SCOPE_EVENTS) == 78
 
 
 @pytest.mark.parametrize(("state_name", "kind"), CASES, ids=[f"{s}-{k.__name__}" for s, k in CASES])
 def test_every_state_event_pair(state_name: str, kind: type) -> None:
     ls = lockstep_at(state_name)
-    if kind is rc.FrameArrived and state_name != "unopened":
+    if kind is rc.FrameArrived and state_name not in ("unopened", "finished"):
         ls.env(A("emit", (0, 0, 0)))  # the frame must be in a queue before it can arrive
     before = ls.core
     snapshot = hash(before), before
@@ -101,6 +104,8 @@ def test_every_state_event_pair(state_name: str, kind: type) -> None:
             rc.PageAllocated,
             rc.WriteAttempted,
             rc.ParticipantStarted,
+            rc.VersionFinished,  # the current version of an aligning scope was never admitted
+            rc.Forget,  # a cancelled scope whose participant has not delivered its receipt
         )
         return
     assert legal, f"{kind.__name__} was accepted in state {state_name}"
@@ -134,3 +139,18 @@ def test_unopened_scope_accepts_only_submit() -> None:
         with pytest.raises(rc.UnknownScopeError):
             rc.step(core, _event(kind, core))
     assert UNI.scopes[0] == "s0"
+
+
+def test_a_forgotten_scope_is_unknown_and_its_id_opens_a_new_scope() -> None:
+    ls = lockstep_at("cancelled")
+    with pytest.raises(rc.IllegalTransitionError):  # its participant still runs
+        rc.step(ls.core, rc.Forget("s0"))
+    ls.env(A("receipt", (0,)))
+    before = ls.core.ledger
+    ls.env(A("forget", (0,)))  # the spec takes the same step (lock-step harness)
+    assert "s0" not in ls.core.scopes and not any(s == "s0" for s, _ in ls.core.ledger)
+    assert len(before) >= len(ls.core.ledger)
+    with pytest.raises(rc.UnknownScopeError):
+        rc.step(ls.core, rc.Cancel("s0"))
+    ls.env(A("open", (0, (1, 3), True)))
+    assert ls.core.scopes["s0"].epoch == 0 and ls.core.scopes["s0"].state is rc.ScopeState.ACTIVE

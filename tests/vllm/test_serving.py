@@ -123,18 +123,75 @@ def test_revision_inherits_the_certified_prefix_and_equals_a_cold_run(
     assert cancel(retire_server, "handoff").status_code == 200
 
 
+def _interrupt(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str) -> None:
+    """Start a long streamed version of ``scope``, read one chunk, and go away (the user
+    interrupts); return once vLLM's abort has closed it."""
+    old = c.completions.create(
+        model=server.model,
+        prompt=tokens,
+        max_tokens=3000,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped(scope)},
+    )
+    next(iter(old))
+    old.close()
+    deadline = time.monotonic() + 10
+    while status(server, scope).json()["receipts_outstanding"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _pressure(c: openai.OpenAI, model: str, seed: int) -> None:
+    """Other traffic: far more distinct blocks than the pool holds (1,023 usable blocks)."""
+    for i in range(12):
+        complete(c, model, prompt(seed + i, 3000), 1)
+
+
 def test_handoff_survives_cache_pressure_from_other_requests(
     client: openai.OpenAI, retire_server: RetireServer
 ) -> None:
+    """An interrupted version keeps its pages (the revision usually follows): other requests
+    cannot evict them, and the revision inherits them."""
     base = prompt(4, 256)
-    complete(client, retire_server.model, base, 4, **scoped("pressure"))
-    # Other traffic: far more distinct blocks than the pool holds (1,023 usable blocks).
-    for i in range(12):
-        complete(client, retire_server.model, prompt(100 + i, 3000), 1)
+    _interrupt(client, retire_server, base, "pressure")
+    _pressure(client, retire_server.model, 100)
     revised = [*base[:224], *prompt(5, 20)]
     after = complete(client, retire_server.model, revised, 4, **scoped("pressure"))
     assert after.usage.prompt_tokens_details.cached_tokens == 7 * BLOCK
     assert cancel(retire_server, "pressure").status_code == 200
+
+
+def test_a_finished_version_goes_back_to_the_prefix_cache(
+    client: openai.OpenAI, retire_server: RetireServer, stock_server: StockServer
+) -> None:
+    """A version that ran to its end keeps no reference to its blocks: they sit in vLLM's prefix
+    cache, where a revision still finds them certified, and where other traffic may evict them;
+    each eviction is reported and the revision after it recomputes, equal to a cold run."""
+    model = retire_server.model
+    base = prompt(6, 200)
+    complete(client, model, base, 8, **scoped("fin"))
+    info = status(retire_server, "fin").json()
+    assert info["state"] == "finished" and len(info["pages"]) == 6
+    assert info["cached_pages"] == info["pages"]
+    leaks = retire_server.leaks()
+    assert not set(info["pages"]) & set(leaks["ledger_blocks"])  # no reference held
+    assert set(info["pages"]) <= set(leaks["ledger_cached"])
+    assert leaks["free_blocks"] == leaks["initial_free_blocks"]  # vLLM counts them free
+    revised = [*base[:170], *prompt(7, 40)]
+    second = complete(client, model, revised, 16, **scoped("fin"))
+    assert second.usage.prompt_tokens_details.cached_tokens == 5 * BLOCK
+    assert status(retire_server, "fin").json()["adopted_blocks"] == 5
+    evicted = retire_server.leaks()["counters"].get("cached_blocks_evicted", 0)
+    _pressure(client, model, 300)
+    info = status(retire_server, "fin").json()
+    assert info["pages"] == [] and info["state"] == "finished"
+    assert retire_server.leaks()["counters"]["cached_blocks_evicted"] >= evicted + 6
+    third_prompt = [*revised, 1, 2]
+    third = complete(client, model, third_prompt, 8, **scoped("fin"))
+    assert third.usage.prompt_tokens_details.cached_tokens == 0
+    stock = openai.OpenAI(base_url=f"{stock_server.base}/v1", api_key="none")
+    assert third.choices[0].text == complete(stock, model, third_prompt, 8).choices[0].text
+    assert cancel(retire_server, "fin").status_code == 200
 
 
 # --- the publication trials -----------------------------------------------------------------------
@@ -351,15 +408,29 @@ def test_a_revision_that_arrives_while_a_step_is_in_flight(
 
 
 def test_pause_resume_cancel_and_status(client: openai.OpenAI, retire_server: RetireServer) -> None:
-    model = retire_server.model
+    model, base = retire_server.model, retire_server.base
     complete(client, model, prompt(30, 70), 4, **scoped("api"))
     info = status(retire_server, "api").json()
-    assert info["state"] == "active" and info["version"] == 0 and info["receipts_outstanding"] == 0
-    assert httpx.post(f"{retire_server.base}/v1/scopes/api/pause").json()["state"] == "paused"
-    again = httpx.post(f"{retire_server.base}/v1/scopes/api/pause")
+    assert info["state"] == "finished" and info["version"] == 0
+    assert info["receipts_outstanding"] == 0
+    idle = httpx.post(f"{base}/v1/scopes/api/pause")  # nothing runs that could be paused
+    assert idle.status_code == 409 and idle.json()["error"]["code"] == "illegal_scope_transition"
+    running = client.completions.create(
+        model=model,
+        prompt=prompt(31, 70),
+        max_tokens=3500,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped("api")},
+    )
+    chunks = iter(running)
+    next(chunks)
+    assert httpx.post(f"{base}/v1/scopes/api/pause").json()["state"] == "paused"
+    again = httpx.post(f"{base}/v1/scopes/api/pause")
     assert again.status_code == 409 and again.json()["error"]["code"] == "illegal_scope_transition"
-    assert httpx.post(f"{retire_server.base}/v1/scopes/api/resume").json()["state"] == "active"
+    assert httpx.post(f"{base}/v1/scopes/api/resume").json()["state"] == "active"
     assert cancel(retire_server, "api").json()["state"] == "cancelled"
+    assert [ch for ch in chunks][-1].choices[0].finish_reason == "cancelled"
     gone = complete_error(client, model, scoped("api"))
     assert gone.status_code == 409 and gone.body["error"]["code"] == "scope_cancelled"
 
@@ -369,21 +440,7 @@ def test_a_disconnected_client_ends_its_version_and_the_scope_stays_live(
 ) -> None:
     model = retire_server.model
     base = prompt(40, 150)
-    old = client.completions.create(
-        model=model,
-        prompt=base,
-        max_tokens=300,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True, **scoped("gone")},
-    )
-    next(iter(old))
-    old.close()  # the client goes away
-    deadline = time.monotonic() + 10
-    while (
-        status(retire_server, "gone").json()["receipts_outstanding"] and time.monotonic() < deadline
-    ):
-        time.sleep(0.05)
+    _interrupt(client, retire_server, base, "gone")  # the client goes away
     info = status(retire_server, "gone").json()
     assert info["state"] == "active" and info["version"] == 0
     assert info["receipts_outstanding"] == 0
@@ -555,6 +612,18 @@ def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) 
         assert status(retire_server, "busy").json()["state"] == "paused"  # kept
         assert cancel(retire_server, "busy").status_code == 200
     assert [ch for ch in old][-1].choices[0].finish_reason == ("cancelled" if running else "length")
+    # A cancelled scope answers ``scope_cancelled`` for one idle time, then it is forgotten: its
+    # record goes, and its id opens a new scope at version 0.
+    records = retire_server.leaks()["scope_records"]
+    assert httpx.post(expire, json={"idle_seconds": 3600}).json()["forgotten"] == []
+    assert complete_error(client, model, scoped("idle-a")).status_code == 409
+    forgotten = httpx.post(expire, json={"idle_seconds": 0}).json()["forgotten"]
+    assert {"idle-a", "busy"} <= set(forgotten)  # and the earlier tests' cancelled scopes
+    assert retire_server.leaks()["scope_records"] == records - len(forgotten)
+    assert status(retire_server, "idle-a").status_code == 404
+    again = complete(client, model, prompt(72, 40), 2, **scoped("idle-a"))
+    assert stamp(again) == ("idle-a", 0)
+    assert cancel(retire_server, "idle-a").status_code == 200
 
 
 # --- hostile input --------------------------------------------------------------------------------

@@ -18,16 +18,19 @@ commands to one non-re-entrant executor (``_run``); a caller that needs a frame'
 * before the commit: one ``COMMIT`` frame per scheduled request (the commit gate).
 * after the commit: blocks the step filled -> ``WriterClosed(digest)``; each output of a managed
   request -> a ``TOKEN`` frame at the engine boundary (a dropped one never leaves the process);
-  a finished request -> ``WriterClosed`` for its open blocks, then a ``Receipt`` per participant.
-* a request finished from outside (the client went away: vLLM's abort) -> the same closure.
+  a finished request -> ``WriterClosed`` for its open blocks, then a ``Receipt`` per participant,
+  then ``VersionFinished`` (its last frame was published: the version ran to its end).
+* a request finished from outside (the client went away: vLLM's abort) -> the same closure, but
+  no ``VersionFinished``: the scope keeps its pages for the revision that usually follows.
+* vLLM hands out a block the core gave back to its cache -> ``PageEvicted``.
 
 Command -> action: ``Fence`` finishes the requests in the scheduler, sends each a terminal output
-whose ``stop_reason`` names the fence (the API process ends the stream with it), closes writers
-and delivers receipts; ``PinCertified`` pins through the ledger and reads the certified bytes at
-once (no step is in flight during a utility call) for the ``AdoptionReport``; ``Adopt``,
-``Unpin`` and ``Free`` go to the ledger; ``Admit`` answers the pending ``open`` with the cache salt
-the version must run under. Outside a step nothing is deferred; inside one, fences and byte checks
-wait for the step boundary.
+whose ``stop_reason`` names the fence (the API process ends the stream with it), closes writers and
+delivers receipts; ``PinCertified`` pins through the ledger and reads the certified bytes at once
+(no step is in flight during a utility call) for the ``AdoptionReport``; ``Adopt``, ``Unpin``,
+``Free`` and ``ReleaseToCache`` go to the ledger; ``Admit`` answers the pending ``open`` with the
+cache salt the version must run under. Outside a step nothing is deferred; inside one, fences and
+byte checks wait for the step boundary.
 """
 
 from __future__ import annotations
@@ -52,15 +55,18 @@ from retire_core import (
     Event,
     Fence,
     FenceWrite,
+    Forget,
     FrameArrived,
     FrameKind,
     Free,
     PageDigest,
+    PageEvicted,
     PageReused,
     ParticipantStarted,
     Pause,
     PinCertified,
     Receipt,
+    ReleaseToCache,
     Retire,
     RetireError,
     ScopeState,
@@ -68,9 +74,10 @@ from retire_core import (
     Supersede,
     Unpause,
     Unpin,
+    VersionFinished,
     WriterClosed,
 )
-from retire_core.errors import ContractError, UnknownScopeError
+from retire_core.errors import ContractError, IllegalTransitionError, UnknownScopeError
 from retire_core.ids import check_name
 
 from .. import identity, observe
@@ -83,7 +90,7 @@ from ..facade import (
     json_lines_logger,
 )
 from . import wire
-from .ledger import BlockLedger
+from .ledger import BlockLedger, BlockRef
 from .records import Admission, Histogram, ManagedRequest, ScopeInfo
 
 #: Environment variable naming the file the core's transitions are written to (JSON lines).
@@ -210,6 +217,7 @@ class EngineSide:
         self.opening[(scope, version)] = future
         fenced = self._fenced_versions(commands)
         self._run(commands)
+        self.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
         self._settle_openings(scope)
         if record is not None:
             self._count("supersedes")
@@ -250,34 +258,53 @@ class EngineSide:
         commands = self._decide([Cancel(scope)])
         fenced = self._fenced_versions(commands)
         self._run(commands)
+        self.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
         self._settle_openings(scope)
         self._count("cancels")
         self.cleanup.observe(time.perf_counter() - started)
         return {"fenced": fenced}
 
     def op_expire(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Cancel every live scope idle for longer than ``idle_seconds``: no participant still
-        running, nothing waiting for admission, no request or open for that long."""
+        """Cancel every live scope idle for longer than ``idle_seconds`` (no participant still
+        running, nothing waiting for admission, no request or open for that long), and forget
+        every scope cancelled longer ago than that with nothing of it left: requests on a
+        cancelled scope get ``scope_cancelled`` for at least ``idle_seconds``, then its id is
+        free again, and nothing Retire keeps grows with the number of scopes ever opened."""
         idle = float(payload["idle_seconds"])
         if not idle >= 0:
             raise ContractError(f"idle_seconds must be a non-negative number, got {idle!r}")
         now = time.monotonic()
-        waiting = {s for s, _ in self.opening} | {s for s, _ in self.admissions}
-        expired = []
+        busy = (
+            {s for s, _ in self.opening}
+            | {s for s, _ in self.admissions}
+            | {r.scope for r in self.reqs.values()}
+        )
+        expired, forgotten = [], []
         for scope, record in list(self.core.state.scopes.items()):
             info = self.scopes.get(scope)
             if (
-                record.state is ScopeState.CANCELLED
-                or info is None
-                or scope in waiting
+                info is None
+                or scope in busy
                 or now - info.last_active < idle
                 or any(not p.closed for p in record.participants.values())
             ):
                 continue
+            if record.state is ScopeState.CANCELLED:
+                # every request of it is closed and its frames were gated here: none is on its
+                # way (``Forget``'s precondition); the core refuses while pages are left
+                try:
+                    commands = self._decide([Forget(scope)])
+                except IllegalTransitionError:
+                    continue
+                self._run(commands)
+                del self.scopes[scope]
+                forgotten.append(scope)
+                continue
             self._cancel(scope)
             expired.append(scope)
         self._count("expired", len(expired))
-        return {"ok": True, "expired": expired}
+        self._count("forgotten", len(forgotten))
+        return {"ok": True, "expired": expired, "forgotten": forgotten}
 
     def op_metrics(self, payload: dict[str, Any]) -> dict[str, Any]:
         scopes = self.core.state.scopes
@@ -307,6 +334,7 @@ class EngineSide:
             "initial_free_blocks": self.initial_free_blocks,
             "ledger_blocks": sorted(self.ledger.refs),
             "ledger_pins": self.ledger.pinned(),
+            "ledger_cached": sorted(self.ledger.cached),
             "core_pages": sorted(core.pages),
             "core_pinned": list(self.core.pinned_pages()),
             "managed_requests": sorted(self.reqs),
@@ -320,6 +348,7 @@ class EngineSide:
                 s: r.tenant for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
             },
             "counters": dict(self.counters),
+            "scope_records": len(self.core.state.scopes),
         }
 
     def op_release_all(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +383,12 @@ class EngineSide:
             "adopted_blocks": info.adopted_blocks.get(version, 0),
             "receipts_outstanding": outstanding,
             "pages": sorted(p for p, r in self.core.state.pages.items() if r.owner == scope),
+            # given back to vLLM's prefix cache (a finished version's): evictable
+            "cached_pages": sorted(
+                p
+                for p, r in self.core.state.pages.items()
+                if r.owner == scope and not r.held and not r.pinned
+            ),
         }
 
     def _contract(self, payload: dict[str, Any]) -> Contract:
@@ -524,6 +559,8 @@ class EngineSide:
                     finished.append(req)
         for req in finished:
             self._close_request(req, req.participants)
+            # its last frame was published: the version ran to its end
+            self._run(self._decide([VersionFinished(req.scope, req.version)]))
 
     # ---- the executor ---------------------------------------------------------------------------
 
@@ -626,8 +663,10 @@ class EngineSide:
         key = (cmd.scope, cmd.version)
         self.admissions[key] = Admission(cmd.scope, cmd.version, salt, adopted, cmd.cold)
         if info is not None:
-            info.adopted_blocks[cmd.version] = cmd.adopted_blocks
+            # only the admitted version's figures are ever read again: keep nothing older
+            info.adopted_blocks = {cmd.version: cmd.adopted_blocks}
             recomputed = info.context_blocks.get(cmd.version, 0) - cmd.adopted_blocks
+            info.context_blocks = {v: n for v, n in info.context_blocks.items() if v >= cmd.version}
             self._count("recomputed_blocks", max(0, recomputed))
         self._count("cold_admissions" if cmd.cold else "warm_admissions")
         future = self.opening.pop(key, None)
@@ -643,8 +682,15 @@ class EngineSide:
                 }
             )
 
+    def _on_release_to_cache(self, cmd: ReleaseToCache) -> None:
+        self._forget_pages(self.ledger.release_to_cache(cmd.pages))
+        self._count("blocks_released_to_cache", len(cmd.pages))
+
     def _on_free(self, cmd: Free) -> None:
-        for ref in self.ledger.free(cmd.pages):
+        self._forget_pages(self.ledger.free(cmd.pages))
+
+    def _forget_pages(self, refs: Iterable[BlockRef]) -> None:
+        for ref in refs:
             req = self.reqs.get(ref.request)
             if req is not None and ref.block in req.pages:
                 req.pages.remove(ref.block)
@@ -729,7 +775,10 @@ class EngineSide:
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
         """A block id the ledger still retains went to a new owner underneath the core."""
         for bid in ids:
-            if bid in self.ledger.refs and bid in self.core.state.pages:
+            if self.ledger.evicted(bid):  # a page given back to the cache: vLLM evicted it
+                self._count("cached_blocks_evicted")
+                self._run(self._decide([PageEvicted(bid)]))
+            elif bid in self.ledger.refs and bid in self.core.state.pages:
                 page = self.core.state.pages[bid]
                 if page.held or not page.full:
                     raise IntegrationError(f"block {bid} was recycled while retained")
@@ -748,4 +797,5 @@ _HANDLERS: dict[type, Any] = {
     Unpin: EngineSide._on_unpin,
     Admit: EngineSide._on_admit,
     Free: EngineSide._on_free,
+    ReleaseToCache: EngineSide._on_release_to_cache,
 }

@@ -98,7 +98,8 @@ class RetireMiddleware:
             await _send_json(send, 400, _error(str(err), "BadRequestError", "invalid_request"))
             return
         answer = await scope["app"].state.engine_client.retire("expire", idle_seconds=idle)
-        await _send_json(send, 200, {"expired": answer["expired"]})
+        swept = {"expired": answer["expired"], "forgotten": answer["forgotten"]}
+        await _send_json(send, 200, swept)
 
     async def _scope_route(self, scope: dict[str, Any], send: Send) -> None:
         # Split the raw path, then decode each segment: a scope id may hold "/" (sent as %2F).

@@ -35,6 +35,9 @@ class _Snapshot:
         yield counter("retire_submits", "scopes opened", "submits")
         yield counter("retire_cancels", "scopes cancelled (expired ones included)", "cancels")
         yield counter("retire_expired_scopes", "idle scopes cancelled by expiry", "expired")
+        yield counter(
+            "retire_forgotten_scopes", "cancelled scopes whose record expiry dropped", "forgotten"
+        )
         dropped = CounterMetricFamily(
             "retire_obsolete_frames_dropped",
             "frames of retired versions dropped, by the boundary that dropped them",
@@ -45,6 +48,16 @@ class _Snapshot:
         dropped.add_metric(["consumer"], self.dropped_consumer)
         yield dropped
         yield counter("retire_adopted_blocks", "blocks successors inherited", "adopted_blocks")
+        yield counter(
+            "retire_blocks_released_to_cache",
+            "blocks of finished versions given back to vLLM's prefix cache",
+            "blocks_released_to_cache",
+        )
+        yield counter(
+            "retire_cached_blocks_evicted",
+            "blocks given back to the cache that vLLM evicted",
+            "cached_blocks_evicted",
+        )
         yield counter(
             "retire_recomputed_blocks",
             "prefix blocks a successor computed instead of inheriting",

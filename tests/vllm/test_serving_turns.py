@@ -1,0 +1,77 @@
+"""``retire serve`` with a small KV pool: many scopes in turn, each version running to its end.
+
+A server whose pool holds 32 blocks (31 usable) serves 200 scopes one after the other, each with
+a two-block prompt: 400 blocks in all, more than twelve times the pool. Only because each
+finished version gives its blocks back to vLLM's prefix cache (no reference held) do they all
+run; vLLM evicts the oldest cached blocks to make room and reports each eviction to the core.
+Its own server keeps the core log short enough to validate at the end like every server test's.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from retire_bench.servers import ENGINE_OPTIONS, RetireServer
+from retire_vllm.client import scoped, stamp
+from retire_vllm.default_model import ensure_default_model
+from retire_vllm.engine_config import engine_kwargs
+
+pytestmark = pytest.mark.vllm
+
+BLOCKS = 32  # the pool, block 0 included (vLLM keeps it as the null block)
+BLOCK = 32  # tokens per block
+TURNS = 200
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
+    kw = engine_kwargs(str(ensure_default_model()), num_blocks=BLOCKS)
+    options = [
+        "--kv-cache-memory-bytes",
+        str(kw["kv_cache_memory_bytes"]),
+        "--num-gpu-blocks-override",
+        str(BLOCKS),
+        "--max-model-len",
+        str(kw["max_model_len"]),
+        "--max-num-batched-tokens",
+        str(kw["max_num_batched_tokens"]),
+        *ENGINE_OPTIONS,
+    ]
+    server = RetireServer(tmp_path_factory.mktemp("retire-turns"), options=options)
+    try:
+        yield server
+    finally:
+        verdict = server.close()
+    assert "valid" in verdict
+
+
+def test_200_scopes_in_turn_do_not_fill_the_pool(small_server: RetireServer) -> None:
+    c = openai.OpenAI(base_url=f"{small_server.base}/v1", api_key="none", timeout=60)
+    rng = random.Random(11)
+    for i in range(TURNS):
+        tokens = [rng.randrange(10, 2000) for _ in range(2 * BLOCK)]
+        done = c.completions.create(
+            model=small_server.model,
+            prompt=tokens,
+            max_tokens=1,
+            temperature=0,
+            extra_body={"ignore_eos": True, **scoped(f"turn-{i}")},
+        )
+        assert stamp(done) == (f"turn-{i}", 0)
+    leaks = small_server.leaks()
+    assert leaks["ledger_blocks"] == [] and leaks["ledger_pins"] == []  # no reference held
+    assert leaks["free_blocks"] == leaks["initial_free_blocks"]
+    assert len(leaks["live_scopes"]) == TURNS  # finished, still revisable (until they expire)
+    # each version gave back the block a revision could inherit (vLLM never hits a prompt's
+    # last token: 1 of the 2), and vLLM evicted the oldest ones to make room
+    last = httpx.get(small_server.scope_url(f"turn-{TURNS - 1}")).json()
+    assert last["state"] == "finished" and len(last["cached_pages"]) == 1
+    assert leaks["counters"]["cached_blocks_evicted"] >= TURNS - (BLOCKS - 1)
+    small_server.release_all()  # cancels them all: what is still cached is freed
+    small_server.check_clean()
+    c.close()
