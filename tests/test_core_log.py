@@ -40,7 +40,7 @@ def test_the_cores_own_log_is_written_and_validated(tmp_path: Path) -> None:
     log = scenario_log(tmp_path / "core.jsonl")
     kept = [dict(r) for r in log.records]
     assert len(kept) > 20
-    assert log.finish() == len(kept)
+    assert log.finish() == len(kept) == log.validated
     lines = [json.loads(line) for line in (tmp_path / "core.jsonl").read_text().splitlines()]
     assert [r["seq"] for r in lines] == list(range(1, len(kept) + 1))
     assert {r["event"] for r in lines} == {"retire.transition"}

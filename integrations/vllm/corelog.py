@@ -75,6 +75,7 @@ class CoreLog:
         self.path = path
         self.records: list[dict[str, Any]] = []
         self.finished = False
+        self.validated: int | None = None  # transitions replayed against the spec by ``finish``
         _OPEN.add(self)
 
     def is_enabled_for(self, level: int) -> bool:
@@ -103,6 +104,7 @@ class CoreLog:
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.writelines(lines)
         if not lines:
+            self.validated = 0
             return 0
         try:
             report = validate_lines(lines)
@@ -114,6 +116,7 @@ class CoreLog:
                 before + report.lines,
                 f"{report.transitions} of {len(lines)} transitions replayed",
             )
+        self.validated = report.transitions
         return report.transitions
 
 
