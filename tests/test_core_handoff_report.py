@@ -1,0 +1,52 @@
+"""The adoption report in detail: a report that does not give exactly one digest per certified
+page is refused, and the logged ``adopt`` transition names the successor's version and what
+changed (mutation testing found both unchecked: the explorer's engine always reports exactly
+the certified pages, and refinement reads the transition's page, not these fields)."""
+
+from __future__ import annotations
+
+import pytest
+
+import retire_core as rc
+from retire_checks.lockstep import Lockstep
+from retire_spec.actions import ActionInstance as A
+from tests.helpers import UNI
+from tests.test_core_behaviour import _warm_predecessor
+
+
+def _pending() -> Lockstep:
+    """s0@1 waits for the byte check of its certified prefix: page 0 (block 1 differs)."""
+    ls = Lockstep(UNI)
+    _warm_predecessor(ls)
+    ls.env(A("supersede", (0, (1, 3), True)))
+    assert ls.core.scopes["s0"].certificate is not None
+    assert ls.core.scopes["s0"].certificate.pages == (0,)
+    return ls
+
+
+@pytest.mark.parametrize(
+    "digests",
+    [
+        (rc.PageDigest(1, "a"),),  # as many digests as certified pages, for another page
+        (rc.PageDigest(0, "a"), rc.PageDigest(0, "a")),  # the certified page, twice
+        (rc.PageDigest(0, "a"), rc.PageDigest(1, "a")),  # and one page more
+    ],
+)
+def test_a_report_not_covering_exactly_the_certified_pages_is_refused(
+    digests: tuple[rc.PageDigest, ...],
+) -> None:
+    ls = _pending()
+    core = rc.Retire(state=ls.core)
+    before = core.fingerprint()
+    with pytest.raises(rc.ReportMismatchError):
+        core.handle(rc.AdoptionReport("s0", 1, digests))
+    assert core.fingerprint() == before
+
+
+def test_the_adopt_transition_names_the_successor_and_what_changed() -> None:
+    ls = _pending()
+    out = ls.report(0)
+    (adopt,) = [t.as_log() for t in out.transitions if t.action == "adopt"]
+    assert adopt["scope"] == "s0" and adopt["version"] == 1 and adopt["page"] == 0
+    assert adopt["changed"] == {"version": 1, "held": True, "pinned": False}
+    assert adopt["position"] == 0
