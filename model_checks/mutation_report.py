@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,26 @@ NO_TESTS = frozenset({5, 33})
 #: stable while its function's source is unchanged; ``mutmut show NAME`` prints its diff).
 EQUIVALENT: dict[str, str] = {}
 
+_LOST = (
+    "unreachable branch: a certified page stays tracked and pinned until its adoption report "
+    "(RECLAIM frees no pinned page; pins are dropped only here or with the certificate itself, "
+    "release_certificate), so no certified page is ever missing or unpinned at verify_adoption"
+)
+EQUIVALENT.update(
+    {
+        "retire_core.handoff.x_verify_adoption__mutmut_17": _LOST,  # `or` -> `and`
+        "retire_core.handoff.x_verify_adoption__mutmut_20": _LOST,  # "page_lost" -> None
+        "retire_core.handoff.x_verify_adoption__mutmut_21": _LOST,  # the reason's text
+        "retire_core.handoff.x_verify_adoption__mutmut_22": _LOST,  # the reason's case
+        "retire_core.handoff.x_verify_adoption__mutmut_32": _LOST,  # `continue` -> `break`
+        "retire_core.handoff.x_verify_adoption__mutmut_74": (
+            "pinned=None instead of False on a released page: every reader tests its truth "
+            "value, and the page (retained: a byte check fails only on a drained version's "
+            "page) is freed by RECLAIM in the same step, so the None never outlives the step"
+        ),
+    }
+)
+
 
 def _diff(name: str, path: Path) -> str:
     try:
@@ -51,8 +74,38 @@ def _diff(name: str, path: Path) -> str:
         return f"(no diff: {type(err).__name__}: {err})"
 
 
-def collect(root: Path = Path("mutants")) -> dict[str, Any]:
-    """The report, from the ``.meta`` files under ``root`` (mutmut's working copy)."""
+def recheck(names: list[str], tests: list[str], root: Path = Path("mutants")) -> dict[str, str]:
+    """Judge surviving mutants again with ``tests`` (test files added after the run started:
+    changing mutmut's test selection would reset every cached verdict). Each test file is copied
+    into ``root`` as it is now; the unmutated code must pass them. Returns the mutants a test
+    failed on, with the test files that were run."""
+    for test in tests:
+        target = root / test
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(test, target)
+
+    def run(mutant: str) -> int:
+        env = dict(os.environ, MUTANT_UNDER_TEST=mutant, RETIRE_MUTATION="1")
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        return subprocess.run(cmd, cwd=root, env=env, capture_output=True).returncode
+
+    if run("") != 0:
+        raise RuntimeError(f"the unmutated code fails {tests}: fix the tests before rechecking")
+    return {name: " ".join(tests) for name in names if run(name) != 0}
+
+
+def collect(root: Path = Path("mutants"), recheck_tests: list[str] | None = None) -> dict[str, Any]:
+    """The report, from the ``.meta`` files under ``root`` (mutmut's working copy); survivors
+    are judged again with ``recheck_tests`` if given (see ``recheck``)."""
+    late_kills: dict[str, str] = {}
+    if recheck_tests:
+        surviving = [
+            name
+            for module in MODULES
+            for name, code in _codes(root, module).items()
+            if (code == SURVIVED or code in NO_TESTS) and name not in EQUIVALENT
+        ]
+        late_kills = recheck(surviving, recheck_tests, root)
     killed = 0
     survivors: list[dict[str, str]] = []
     equivalents: list[dict[str, str]] = []
@@ -68,6 +121,7 @@ def collect(root: Path = Path("mutants")) -> dict[str, Any]:
         data = json.loads(meta.read_text(encoding="utf-8"))
         codes: dict[str, int | None] = data.get("exit_code_by_key", {})
         durations: dict[str, float] = data.get("durations_by_key", {})
+        codes = {n: (1 if n in late_kills else c) for n, c in codes.items()}
         counts = {"mutants": len(codes), "checked": 0, "killed": 0, "survived": 0}
         counts.update({"equivalent": 0, "no_tests": 0})
         for name, code in sorted(codes.items()):
@@ -106,10 +160,21 @@ def collect(root: Path = Path("mutants")) -> dict[str, Any]:
         "modules_not_run": [m for m, c in modules.items() if c["checked"] == 0],
         "modules": modules,
         "test_seconds": round(seconds, 1),
+        "killed_on_recheck": [{"mutant": n, "by": t} for n, t in sorted(late_kills.items())],
         "survivors": survivors,
         "no_tests": no_tests,
         "equivalents": equivalents,
     }
+
+
+def _codes(root: Path, module: str) -> dict[str, int | None]:
+    meta = root / "retire_core" / f"{module}.py.meta"
+    if not meta.exists():
+        return {}
+    codes: dict[str, int | None] = json.loads(meta.read_text(encoding="utf-8")).get(
+        "exit_code_by_key", {}
+    )
+    return codes
 
 
 def _tool_version() -> str:
@@ -125,11 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m retire_checks.mutation_report")
     p.add_argument("--out", type=Path, default=Path("mutation-report.json"))
     p.add_argument("--mutants", type=Path, default=Path("mutants"), help="mutmut's working copy")
+    p.add_argument(
+        "--recheck",
+        nargs="+",
+        default=None,
+        metavar="TEST",
+        help="judge the survivors again with these test files (added after the run started)",
+    )
     args = p.parse_args(argv)
     if not args.mutants.is_dir():
         print(f"no {args.mutants}/: run mutmut first (make mutation)", file=sys.stderr)
         return 2
-    report = collect(args.mutants)
+    report = collect(args.mutants, args.recheck)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(
         f"mutation: {report['killed']} killed, {report['survived']} survived, "
