@@ -54,11 +54,13 @@ test: setup-vllm lint typecheck
 
 # Mutation testing of retire_core's protocol modules (not part of `make test`): mutmut, killed by
 # the core tests and then the explorer of `retire check --profile quick` (pyproject's
-# [tool.mutmut]); resumes where a stopped run left off. Writes mutation-report.json.
+# [tool.mutmut]); the survivors then meet the Hypothesis lock-step machine. Resumes where a
+# stopped run left off. Writes mutation-report.json.
 MUTATION_JOBS ?= 2
 mutation: setup
 	RETIRE_MUTATION=1 $(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
-	$(PY) -m retire_checks.mutation_report --out mutation-report.json
+	$(PY) -m retire_checks.mutation_report --out mutation-report.json --jobs $(MUTATION_JOBS) \
+		--recheck tests/test_core_hypothesis.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(TYPECHECK) mutants

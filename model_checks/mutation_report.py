@@ -6,7 +6,8 @@ unit tests, then the explorer of ``retire check --profile quick``, ``tests/mutat
 reads them and writes ``mutation-report.json``:
 
 * ``killed`` -- mutants some test failed on (a timeout or a crash also kills: the run did not
-  pass);
+  pass), in mutmut's run or when the survivors are judged again (``--recheck``: the Hypothesis
+  lock-step machine, too slow for every mutant, and tests written after the run started);
 * ``survived`` -- mutants every test passed on, less those listed in :data:`EQUIVALENT`;
 * ``equivalent`` -- survivors whose behaviour is the original's, each with a one-line reason;
 * ``score`` = killed / (killed + survived);
@@ -28,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +76,14 @@ def _diff(name: str, path: Path) -> str:
         return f"(no diff: {type(err).__name__}: {err})"
 
 
-def recheck(names: list[str], tests: list[str], root: Path = Path("mutants")) -> dict[str, str]:
-    """Judge surviving mutants again with ``tests`` (test files added after the run started:
-    changing mutmut's test selection would reset every cached verdict). Each test file is copied
-    into ``root`` as it is now; the unmutated code must pass them. Returns the mutants a test
-    failed on, with the test files that were run."""
+def recheck(
+    names: list[str], tests: list[str], root: Path = Path("mutants"), jobs: int = 2
+) -> dict[str, str]:
+    """Judge surviving mutants again with ``tests``: the Hypothesis lock-step machine (too slow
+    to run for every mutant), and test files added after the run started (changing mutmut's test
+    selection would reset every cached verdict). Each test file is copied into ``root`` as it is
+    now; the unmutated code must pass them. Returns the mutants a test failed on, with the test
+    files that were run."""
     for test in tests:
         target = root / test
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -91,10 +96,14 @@ def recheck(names: list[str], tests: list[str], root: Path = Path("mutants")) ->
 
     if run("") != 0:
         raise RuntimeError(f"the unmutated code fails {tests}: fix the tests before rechecking")
-    return {name: " ".join(tests) for name in names if run(name) != 0}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each run is its own process
+        codes = dict(zip(names, pool.map(run, names), strict=True))
+    return {name: " ".join(tests) for name, code in codes.items() if code != 0}
 
 
-def collect(root: Path = Path("mutants"), recheck_tests: list[str] | None = None) -> dict[str, Any]:
+def collect(
+    root: Path = Path("mutants"), recheck_tests: list[str] | None = None, jobs: int = 2
+) -> dict[str, Any]:
     """The report, from the ``.meta`` files under ``root`` (mutmut's working copy); survivors
     are judged again with ``recheck_tests`` if given (see ``recheck``)."""
     late_kills: dict[str, str] = {}
@@ -105,7 +114,7 @@ def collect(root: Path = Path("mutants"), recheck_tests: list[str] | None = None
             for name, code in _codes(root, module).items()
             if (code == SURVIVED or code in NO_TESTS) and name not in EQUIVALENT
         ]
-        late_kills = recheck(surviving, recheck_tests, root)
+        late_kills = recheck(surviving, recheck_tests, root, jobs)
     killed = 0
     survivors: list[dict[str, str]] = []
     equivalents: list[dict[str, str]] = []
@@ -160,6 +169,7 @@ def collect(root: Path = Path("mutants"), recheck_tests: list[str] | None = None
         "modules_not_run": [m for m, c in modules.items() if c["checked"] == 0],
         "modules": modules,
         "test_seconds": round(seconds, 1),
+        "recheck_tests": recheck_tests or [],
         "killed_on_recheck": [{"mutant": n, "by": t} for n, t in sorted(late_kills.items())],
         "survivors": survivors,
         "no_tests": no_tests,
@@ -197,11 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="TEST",
         help="judge the survivors again with these test files (added after the run started)",
     )
+    p.add_argument("--jobs", type=int, default=2, help="rechecks run at once")
     args = p.parse_args(argv)
     if not args.mutants.is_dir():
         print(f"no {args.mutants}/: run mutmut first (make mutation)", file=sys.stderr)
         return 2
-    report = collect(args.mutants, args.recheck)
+    report = collect(args.mutants, args.recheck, args.jobs)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(
         f"mutation: {report['killed']} killed, {report['survived']} survived, "
