@@ -50,3 +50,17 @@ def test_the_adopt_transition_names_the_successor_and_what_changed() -> None:
     assert adopt["scope"] == "s0" and adopt["version"] == 1 and adopt["page"] == 0
     assert adopt["changed"] == {"version": 1, "held": True, "pinned": False}
     assert adopt["position"] == 0
+
+
+def test_the_release_transition_names_the_successor_the_page_and_why() -> None:
+    ls = Lockstep(UNI)
+    _warm_predecessor(ls)
+    ls.env(A("supersede", (0, (1, 2), True)))  # both blocks certified
+    ls.env(A("receipt", (0,)))  # the predecessor drains: its pages are kept by their pins
+    ls.env(A("corrupt", (1,)))
+    out = ls.report(0)
+    (release,) = [t.as_log() for t in out.transitions if t.action == "release"]
+    assert release["scope"] == "s0" and release["version"] == 1
+    assert release["reason"] == "digest_mismatch"
+    assert release["changed"] == {"pinned": False}
+    assert (release["page"], release["position"]) == (1, 1)
