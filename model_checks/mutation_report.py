@@ -49,6 +49,10 @@ _LOST = (
     "(RECLAIM frees no pinned page; pins are dropped only here or with the certificate itself, "
     "release_certificate), so no certified page is ever missing or unpinned at verify_adoption"
 )
+_UNPIN_DEFAULT = (
+    "the fallback reason of Unpin is unreachable: a page is released only once a failure "
+    'was found, so `failure or "verification_failed"` is always `failure`'
+)
 EQUIVALENT.update(
     {
         "retire_core.handoff.x_verify_adoption__mutmut_17": _LOST,  # `or` -> `and`
@@ -61,6 +65,8 @@ EQUIVALENT.update(
             "value, and the page (retained: a byte check fails only on a drained version's "
             "page) is freed by RECLAIM in the same step, so the None never outlives the step"
         ),
+        "retire_core.handoff.x_verify_adoption__mutmut_115": _UNPIN_DEFAULT,
+        "retire_core.handoff.x_verify_adoption__mutmut_116": _UNPIN_DEFAULT,
     }
 )
 

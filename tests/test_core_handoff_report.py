@@ -64,3 +64,22 @@ def test_the_release_transition_names_the_successor_the_page_and_why() -> None:
     assert release["reason"] == "digest_mismatch"
     assert release["changed"] == {"pinned": False}
     assert (release["page"], release["position"]) == (1, 1)
+
+
+def test_the_certify_and_resume_transitions_log_what_they_decided() -> None:
+    ls = Lockstep(UNI)
+    _warm_predecessor(ls)
+    out = ls.env(A("supersede", (0, (1, 3), True)))
+    (certify,) = [t.as_log() for t in out.transitions if t.action == "certify"]
+    page = ls.core.pages[0]
+    assert (certify["scope"], certify["version"], certify["page"]) == ("s0", 1, 0)
+    assert certify["changed"] == {"pinned": True}
+    assert (certify["position"], certify["generation"]) == (0, page.generation)
+    assert certify["digest"] == page.digest and page.digest is not None
+    (resume,) = [t.as_log() for t in ls.report(0).transitions if t.action == "resume"]
+    assert (resume["scope"], resume["version"]) == ("s0", 1)
+    assert resume["changed"] == {"state": "active", "admitted": True}
+    assert (resume["adopted_blocks"], resume["cold"]) == (1, False)
+    cold = ls.env(A("supersede", (0, (4, 5), True)))  # nothing in common: admitted cold
+    (resume,) = [t.as_log() for t in cold.transitions if t.action == "resume"]
+    assert (resume["version"], resume["adopted_blocks"], resume["cold"]) == (2, 0, True)
