@@ -49,6 +49,15 @@ _LOST = (
     "(RECLAIM frees no pinned page; pins are dropped only here or with the certificate itself, "
     "release_certificate), so no certified page is ever missing or unpinned at verify_adoption"
 )
+_SHORTCUT = (
+    "RECLAIM's shortcut counts the current version as retired too, so it answers 'nothing to "
+    "do' less often; the full pass it then runs finds the same nothing (tests/test_core_batch.py "
+    "compares the shortcut with the full scan)"
+)
+_MEMO = (
+    "a lookup in the memo of rec.drained misses, so rec.drained(v) is computed again: the same "
+    "answer, later"
+)
 _UNPIN_DEFAULT = (
     "the fallback reason of Unpin is unreachable: a page is released only once a failure "
     'was found, so `failure or "verification_failed"` is always `failure`'
@@ -65,6 +74,10 @@ EQUIVALENT.update(
             "value, and the page (retained: a byte check fails only on a drained version's "
             "page) is freed by RECLAIM in the same step, so the None never outlives the step"
         ),
+        "retire_core.reclaim.x__nothing_drained__mutmut_9": _SHORTCUT,
+        "retire_core.reclaim.x__nothing_drained__mutmut_12": _SHORTCUT,
+        "retire_core.reclaim.x__forget_drained_versions__mutmut_10": _MEMO,
+        "retire_core.reclaim.x__forget_drained_versions__mutmut_11": _MEMO,
         "retire_core.handoff.x_verify_adoption__mutmut_115": _UNPIN_DEFAULT,
         "retire_core.handoff.x_verify_adoption__mutmut_116": _UNPIN_DEFAULT,
     }

@@ -83,3 +83,15 @@ def test_the_certify_and_resume_transitions_log_what_they_decided() -> None:
     cold = ls.env(A("supersede", (0, (4, 5), True)))  # nothing in common: admitted cold
     (resume,) = [t.as_log() for t in cold.transitions if t.action == "resume"]
     assert (resume["version"], resume["adopted_blocks"], resume["cold"]) == (2, 0, True)
+
+
+def test_adoption_ends_the_certificate_and_a_second_report_is_refused() -> None:
+    ls = _pending()
+    report = rc.AdoptionReport("s0", 1, (rc.PageDigest(0, ls.core.pages[0].digest or ""),))
+    core = rc.Retire(state=ls.core)
+    core.handle(report)
+    assert core.scope("s0").certificate is None and core.scope("s0").admitted
+    before = core.fingerprint()
+    with pytest.raises(rc.IllegalTransitionError):
+        core.handle(report)
+    assert core.fingerprint() == before
