@@ -78,6 +78,10 @@ EQUIVALENT.update(
         "retire_core.reclaim.x__nothing_drained__mutmut_12": _SHORTCUT,
         "retire_core.reclaim.x__forget_drained_versions__mutmut_10": _MEMO,
         "retire_core.reclaim.x__forget_drained_versions__mutmut_11": _MEMO,
+        "retire_core.handoff.x__candidates__mutmut_11": (
+            "`page.version <= rec.epoch` for `<`: while ALIGN runs the successor is not "
+            "admitted, so it has no participant and no page carries its version"
+        ),
         "retire_core.handoff.x_verify_adoption__mutmut_115": _UNPIN_DEFAULT,
         "retire_core.handoff.x_verify_adoption__mutmut_116": _UNPIN_DEFAULT,
     }
