@@ -60,3 +60,19 @@ def test_min_reuse_blocks_applies_to_auto_only() -> None:
     always = _one_block_successor(rc.Contract(reuse=rc.ReusePolicy.ALWAYS, min_reuse_blocks=5))
     assert [c.certificate.pages for c in always if isinstance(c, rc.PinCertified)] == [(3,)]
     assert not [c for c in always if isinstance(c, rc.Admit)]  # admitted after the byte check
+
+
+def test_the_certificate_says_what_each_certified_page_holds() -> None:
+    r = rc.Retire()
+    r.handle(rc.Submit("s", "t", "fp", (0, 5, 7), ALWAYS))  # block key 0 is a key like any other
+    _write_block(r, 0, "a", 3)
+    r.handle(rc.PageAllocated("s", 0, "a", 4, 1))
+    r.handle(rc.WriteAttempted("s", 0, "a", 4))
+    r.handle(rc.WriterClosed(4, "digest-4"))
+    out = r.handle(rc.Supersede("s", (0, 5, 9), ALWAYS))
+    (pin,) = [c for c in out if isinstance(c, rc.PinCertified)]
+    gen = {p: r.state.pages[p].generation for p in (3, 4)}
+    assert pin.certificate.entries == (
+        rc.CertEntry(3, 0, gen[3], 0, "fp", "digest-3"),
+        rc.CertEntry(4, 1, gen[4], 5, "fp", "digest-4"),
+    )
