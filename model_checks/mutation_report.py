@@ -58,6 +58,11 @@ _MEMO = (
     "a lookup in the memo of rec.drained misses, so rec.drained(v) is computed again: the same "
     "answer, later"
 )
+_CLEAN_MEMO = (
+    "RECLAIM's per-step memo of scopes found clean never hits (or, for changes=1 outside a "
+    "thawed page map, stores and compares the same constant): the scan runs and finds the "
+    "same result"
+)
 _UNPIN_DEFAULT = (
     "the fallback reason of Unpin is unreachable: a page is released only once a failure "
     'was found, so `failure or "verification_failed"` is always `failure`'
@@ -76,6 +81,9 @@ EQUIVALENT.update(
         ),
         "retire_core.reclaim.x__nothing_drained__mutmut_9": _SHORTCUT,
         "retire_core.reclaim.x__nothing_drained__mutmut_12": _SHORTCUT,
+        **{f"retire_core.reclaim.x_reclaim__mutmut_{n}": _CLEAN_MEMO for n in (7, 8, 9, 14, 16, 33)},
+        "retire_core.reclaim.x_reclaim__mutmut_53": _MEMO,
+        "retire_core.reclaim.x_reclaim__mutmut_54": _MEMO,
         "retire_core.reclaim.x__forget_drained_versions__mutmut_10": _MEMO,
         "retire_core.reclaim.x__forget_drained_versions__mutmut_11": _MEMO,
         "retire_core.handoff.x__candidates__mutmut_11": (
