@@ -63,6 +63,7 @@ _CLEAN_MEMO = (
     "thawed page map, stores and compares the same constant): the scan runs and finds the "
     "same result"
 )
+_CLEAN_MEMO_N = (7, 8, 9, 14, 16, 33)
 _UNPIN_DEFAULT = (
     "the fallback reason of Unpin is unreachable: a page is released only once a failure "
     'was found, so `failure or "verification_failed"` is always `failure`'
@@ -81,7 +82,7 @@ EQUIVALENT.update(
         ),
         "retire_core.reclaim.x__nothing_drained__mutmut_9": _SHORTCUT,
         "retire_core.reclaim.x__nothing_drained__mutmut_12": _SHORTCUT,
-        **{f"retire_core.reclaim.x_reclaim__mutmut_{n}": _CLEAN_MEMO for n in (7, 8, 9, 14, 16, 33)},
+        **{f"retire_core.reclaim.x_reclaim__mutmut_{n}": _CLEAN_MEMO for n in _CLEAN_MEMO_N},
         "retire_core.reclaim.x_reclaim__mutmut_53": _MEMO,
         "retire_core.reclaim.x_reclaim__mutmut_54": _MEMO,
         "retire_core.reclaim.x__forget_drained_versions__mutmut_10": _MEMO,
