@@ -95,3 +95,12 @@ def test_adoption_ends_the_certificate_and_a_second_report_is_refused() -> None:
     with pytest.raises(rc.IllegalTransitionError):
         core.handle(report)
     assert core.fingerprint() == before
+
+
+def test_the_unhold_transition_logs_what_changed() -> None:
+    ls = _pending()
+    out = ls.env(A("receipt", (0,)))  # s0@0 drains: its pages lose their reference
+    unholds = [t.as_log() for t in out.transitions if t.action == "unhold"]
+    assert {u["page"] for u in unholds} == {0, 1}
+    for u in unholds:
+        assert (u["scope"], u["version"], u["changed"]) == ("s0", 0, {"held": False})
