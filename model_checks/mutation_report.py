@@ -91,6 +91,10 @@ EQUIVALENT.update(
             "`page.version <= rec.epoch` for `<`: while ALIGN runs the successor is not "
             "admitted, so it has no participant and no page carries its version"
         ),
+        "retire_core.gates.x_write_gate__mutmut_2": (
+            "the write gate lets a write into an unallocated page through, but on_write fences "
+            "it anyway (`if not allowed or page is None`), with the same reason"
+        ),
         "retire_core.handoff.x_verify_adoption__mutmut_115": _UNPIN_DEFAULT,
         "retire_core.handoff.x_verify_adoption__mutmut_116": _UNPIN_DEFAULT,
     }

@@ -104,3 +104,31 @@ def test_the_unhold_transition_logs_what_changed() -> None:
     assert {u["page"] for u in unholds} == {0, 1}
     for u in unholds:
         assert (u["scope"], u["version"], u["changed"]) == ("s0", 0, {"held": False})
+
+
+def test_the_free_transitions_name_the_scope_and_version_of_the_page() -> None:
+    ls = Lockstep(UNI)
+    _warm_predecessor(ls)
+    ls.env(A("supersede", (0, (1, 3), True)))  # page 0 certified, page 1 not
+    out = ls.env(A("receipt", (0,)))  # page 1 is unheld and unpinned: freed at once
+    frees = [t.as_log() for t in out.transitions if t.action == "free"]
+    assert [(f["scope"], f["version"], f["page"]) for f in frees] == [("s0", 0, 1)]
+    ls2 = Lockstep(UNI)
+    _warm_predecessor(ls2)
+    ls2.env(A("supersede", (0, (1, 2), True)))  # both certified
+    ls2.env(A("receipt", (0,)))  # unheld, kept by their pins
+    ls2.env(A("corrupt", (1,)))
+    out = ls2.report(0)  # page 1 fails its byte check: unpinned, then freed
+    frees = [t.as_log() for t in out.transitions if t.action == "free"]
+    assert [(f["scope"], f["version"], f["page"]) for f in frees] == [("s0", 0, 1)]
+
+
+def test_a_write_into_an_unallocated_page_is_fenced_with_that_reason() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    assert core.handle(rc.WriteAttempted("s", 0, "a", 9)) == [
+        rc.FenceWrite(9, "a", "page_not_allocated")
+    ]
+    (fence,) = [t.as_log() for t in core.last_transitions]
+    assert (fence["transition"], fence["reason"]) == ("fence_write", "page_not_allocated")

@@ -51,6 +51,7 @@ def test_a_drained_version_whose_certified_pages_wait_for_adoption_is_still_drai
     ls.env(A("supersede", (0, (1, 2), True)))  # both of s0@0's pages certified for s0@1
     ls.env(A("receipt", (0,)))  # s0@0 has no participant left; its pages wait, pinned
     assert {p.version for p in ls.core.pages.values()} == {0}
+    assert ("s0", 0) not in ls.core.ledger  # its pages are still live: not forgotten yet
     core = rc.Retire(state=ls.core)
     drop = core.handle(rc.FrameArrived("s0", 0, 9, rc.FrameKind.TOKEN))
     assert drop == [rc.Drop(9, "s0", 0, rc.FrameKind.TOKEN, "retired_draining")]
