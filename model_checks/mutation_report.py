@@ -45,7 +45,7 @@ NO_TESTS = frozenset({5, 33})
 EQUIVALENT: dict[str, str] = {}
 
 _LOST = (
-    "unreachable branch: a certified page stays tracked and pinned until its adoption report "
+    "unreachable case: a certified page stays tracked and pinned until its adoption report "
     "(RECLAIM frees no pinned page; pins are dropped only here or with the certificate itself, "
     "release_certificate), so no certified page is ever missing or unpinned at verify_adoption"
 )
@@ -95,6 +95,7 @@ EQUIVALENT.update(
             "the write gate lets a write into an unallocated page through, but on_write fences "
             "it anyway (`if not allowed or page is None`), with the same reason"
         ),
+        "retire_core.handoff.x_release_certificate__mutmut_7": _LOST,  # `and` -> `or`
         "retire_core.handoff.x_verify_adoption__mutmut_115": _UNPIN_DEFAULT,
         "retire_core.handoff.x_verify_adoption__mutmut_116": _UNPIN_DEFAULT,
     }
