@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 
-.PHONY: setup setup-vllm demo scenario test test-core lint typecheck check clean
+.PHONY: setup setup-vllm demo scenario test test-core lint typecheck check mutation clean
 
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,5 +52,15 @@ test-core: setup lint
 test: setup-vllm lint typecheck
 	$(VENV)/bin/pytest -q
 
+# Mutation testing of retire_core's protocol modules (not part of `make test`): mutmut, killed by
+# the core tests and then the explorer of `retire check --profile quick` (pyproject's
+# [tool.mutmut]); the survivors then meet the Hypothesis lock-step machine. Resumes where a
+# stopped run left off. Writes mutation-report.json.
+MUTATION_JOBS ?= 2
+mutation: setup
+	RETIRE_MUTATION=1 $(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
+	$(PY) -m retire_checks.mutation_report --out mutation-report.json --jobs $(MUTATION_JOBS) \
+		--recheck tests/test_core_hypothesis.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(TYPECHECK)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(TYPECHECK) mutants

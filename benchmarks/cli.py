@@ -6,7 +6,10 @@ side-by-side table. ``native`` runs both native baselines (abort+resubmit and st
 ``both`` adds Retire. ``retire demo`` is the main job: it builds the tiny default model if absent,
 replays the built-in trace both ways with progress bars, runs the handoff grid and the overhead
 measurements, prints the table and writes the JSON and the plots (``--out``, default
-``./retire-demo``).
+``./retire-demo``). Every in-process Retire run of both keeps the core's transition log
+(``--core-logs DIR``) and validates it against the spec when it closes: a rejected log fails the
+run, and the command exits 1. (``--system all`` runs Retire over ``retire serve``, whose log
+``RetireServer.close`` validates.)
 """
 
 from __future__ import annotations
@@ -108,7 +111,33 @@ def _common(p: argparse.ArgumentParser) -> None:
         "default tiny, small for replay --system all)",
     )
     p.add_argument("--plots", type=Path, default=None, help="write plots into this directory")
+    p.add_argument(
+        "--core-logs",
+        type=Path,
+        default=None,
+        help="every Retire run writes the core's transition log here and validates it against "
+        "the spec when it closes; a rejected log fails the run (default: a new temporary "
+        "directory; demo: OUT/core-logs)",
+    )
     p.add_argument("--no-progress", action="store_true")
+
+
+def _core_logs(args: argparse.Namespace, default: Path | None = None) -> Path:
+    """Point $RETIRE_CORE_LOG_DIR at ``--core-logs`` (else the variable's own value, else
+    ``default``, else a new temporary directory): every ``RetireEngine`` built from here on keeps
+    and validates its core log."""
+    import os
+    import tempfile
+
+    from retire_vllm.corelog import LOG_DIR_ENV
+
+    directory = args.core_logs or (
+        Path(os.environ[LOG_DIR_ENV]) if os.environ.get(LOG_DIR_ENV) else None
+    )
+    directory = directory or default or Path(tempfile.mkdtemp(prefix="retire-core-logs-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ[LOG_DIR_ENV] = str(directory.resolve())
+    return directory
 
 
 def _model(args: argparse.Namespace) -> str | None:
@@ -159,6 +188,7 @@ def _replay(args: argparse.Namespace) -> int:
     trace, path = R.load(args.trace)
     if args.system == "all":
         return _replay_all(args, trace, path)
+    logs = _core_logs(args)
     try:
         doc, results = R.replay(
             trace,
@@ -180,6 +210,8 @@ def _replay(args: argparse.Namespace) -> int:
 
         for p in plots.replay_plots(results, args.plots):
             print(f"plot: {p}")
+    if "retire" in results:
+        print(f"core logs: {logs} (validated against the spec when each Retire run closed)")
     return 0 if doc["checker_admitted"] else 1
 
 
@@ -257,6 +289,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    logs = _core_logs(args, out / "core-logs")
     print(f"[1/5] {args.model_size or 'tiny'} default model", file=sys.stderr)
     if _model(args) is None:
         from retire_vllm.default_model import ensure_default_model
@@ -317,5 +350,8 @@ def _demo(args: argparse.Namespace) -> int:
     if args.load:
         load_admitted = _demo_load(out, trace, path)
         doc["demo_wall_s"] = time.perf_counter() - t0
+    if "retire" in systems:
+        print(f"core logs: {logs} (validated against the spec when each Retire run closed)")
     print(f"demo wall time: {doc['demo_wall_s']:.0f} s")
-    return 0 if doc["checker_admitted"] and load_admitted else 1
+    handoff_admitted = handoff_doc is None or bool(handoff_doc["checker_admitted"])
+    return 0 if doc["checker_admitted"] and load_admitted and handoff_admitted else 1

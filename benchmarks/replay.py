@@ -573,6 +573,8 @@ def replay(
                 f"{m['final_versions_total']}, goodput {m['goodput_tok_s']:.1f} tok/s, "
                 f"{'admitted' if res.admission.admitted else 'NOT admitted'}"
             )
+            for problem in res.admission.problems[:5]:
+                log(f"    {problem}")
     doc = results_json(trace, config, results, trace_path=trace_path)
     doc["wall_s"] = time.perf_counter() - t_all
     return doc, results

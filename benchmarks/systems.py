@@ -6,10 +6,11 @@ arms). Every system is constructed the same way -- model path, the harness's clo
 ``engine_overrides`` handed to ``retire_vllm.engine_config.build_engine`` -- so both arms run the
 same model on the same engine settings.
 
-Also here: :func:`quiet_logger` (the core's structured log, filtered at WARNING, so a replay does
-not print one line per transition) and :class:`CoreTimer`, which wraps the facade's
-``retire_core.Retire.handle`` and ``handle_batch`` on the instance to measure the time spent
-inside the core.
+Also here: :func:`quiet_logger` (the core's structured log, filtered at WARNING, for a Retire
+arm built without ``$RETIRE_CORE_LOG_DIR``; with it, the facade keeps the core's log in that
+directory and validates it against the spec when the run closes) and :class:`CoreTimer`, which
+wraps the facade's ``retire_core.Retire.handle`` and ``handle_batch`` on the instance to measure
+the time spent inside the core.
 """
 
 from __future__ import annotations
@@ -103,9 +104,13 @@ def make_system(
             raise FacadeMissing(
                 "retire_vllm.facade.RetireEngine is not available yet; run --system native"
             )
+        from retire_vllm.corelog import LOG_DIR_ENV
         from retire_vllm.facade import RetireEngine
 
-        return RetireEngine(model_path, clock=clock, logger=quiet_logger(), **overrides)
+        # With $RETIRE_CORE_LOG_DIR set (``retire replay`` and ``retire demo`` set it; so does the
+        # vLLM test suite) the facade keeps the core's log and validates it at ``close``.
+        logger = None if os.environ.get(LOG_DIR_ENV) else quiet_logger()
+        return RetireEngine(model_path, clock=clock, logger=logger, **overrides)
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
 
 

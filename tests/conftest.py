@@ -1,8 +1,32 @@
-"""Suite-wide rules: a run in which no test passed, or any test was skipped, fails."""
+"""Suite-wide rules: a run in which no test passed, or any test was skipped, fails; every
+``RetireEngine`` a test builds keeps the core's log and has it validated (``core_logs``)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+from retire_vllm import corelog
+
+
+@pytest.fixture(autouse=True)
+def core_logs(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """Every ``RetireEngine`` the test builds -- in this process, or in a process it starts
+    (``retire replay``, the TP=2 scenario) -- writes the core's log into this directory and
+    validates it against the spec when it closes (``retire_vllm.corelog``); a rejected log fails
+    the test. A log whose engine the test left open is validated here, at teardown."""
+    directory = tmp_path_factory.mktemp("core-logs")
+    monkeypatch.setenv(corelog.LOG_DIR_ENV, str(directory))
+    before = set(corelog.unfinished())
+    yield directory
+    for log in corelog.unfinished():
+        if log not in before:
+            log.finish()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -20,10 +44,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_ignore_collect(collection_path: object, config: pytest.Config) -> bool | None:
     """``make test-core`` (``-m "not vllm"``) deselects every vLLM test; it must not import
-    their package either (its conftest needs the vLLM extras, which a core-only setup lacks)."""
+    their package either (its conftest needs the vLLM extras, which a core-only setup lacks).
+    ``tests/mutation`` is collected only by ``make mutation`` (``RETIRE_MUTATION`` set)."""
     from pathlib import Path
 
     here = Path(__file__).parent
+    if Path(str(collection_path)) == here / "mutation" and not os.environ.get("RETIRE_MUTATION"):
+        return True  # the explorer half of ``make mutation``'s kill command (retire check runs)
     if config.getoption("markexpr", "") == "not vllm" and Path(str(collection_path)) == (
         here / "vllm"
     ):

@@ -94,6 +94,7 @@ from retire_core import (
 from . import identity, observe
 from . import introspect as ix
 from .api import Delivery
+from .corelog import CoreLog, TraceRejected, log_path_for
 from .engine_config import BLOCK_SIZE, build_engine
 from .errors import IntegrationError, IsolationError, LeakError
 from .serving.ledger import BlockLedger
@@ -328,10 +329,12 @@ class RetireEngine:
             tensor_parallel_size=self.tp,
         )
 
-        self._log_file: TextIO | None = None
-        if log_path is not None:
-            self._log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115
-            logger = json_lines_logger(self._log_file)
+        # The core's log, validated against the spec at ``close`` (``corelog``): to ``log_path``,
+        # else into $RETIRE_CORE_LOG_DIR unless a logger is given.
+        path = log_path_for(log_path, logger)
+        self.core_log: CoreLog | None = CoreLog(path) if path is not None else None
+        if self.core_log is not None:
+            logger = self.core_log
         self.retire = Retire(logger=logger if logger is not None else _NullLogger())
 
         self.records: dict[str, ScopeLog] = {}
@@ -516,8 +519,13 @@ class RetireEngine:
             self._closed = True
             self.scheduler.retire_hooks = None
             self.ledger.close()
-            if self._log_file is not None:
-                self._log_file.close()
+        if self.core_log is not None:
+            try:
+                self.core_log.finish()
+            except TraceRejected as err:
+                if problems:
+                    err.add_note("also left behind: " + "; ".join(problems))
+                raise
         if problems:
             raise LeakError("; ".join(problems))
 

@@ -17,6 +17,7 @@ import pytest
 from retire_core import DEFAULT_CONTRACT, IllegalTransitionError, ScopeState
 from retire_vllm import faults
 from retire_vllm.checker import Checker, IsolationAudit
+from retire_vllm.corelog import TraceRejected
 from retire_vllm.errors import IntegrationError
 from retire_vllm.facade import RetireEngine, RetireFleet
 from tests.vllm.support import (
@@ -229,6 +230,44 @@ def test_receipts_precede_reclaim_in_the_trace_and_it_validates(
     report = validate_file(log)
     assert report.transitions == len(lines)
     assert report.hidden["corrupt"] >= 1  # the validator had to explain the byte check failure
+
+
+def test_every_facade_validates_its_core_log_at_close(engine: Any, core_logs: Path) -> None:
+    # No log path given: the suite's fixture points the facade at its directory.
+    rng = random.Random(45)
+    p0 = tokens(rng, 120)
+    with attached(engine) as facade:
+        assert facade.core_log is not None and facade.core_log.path.parent == core_logs
+        facade.submit("L", p0, DEFAULT_CONTRACT, 20)
+        for _ in range(3):
+            facade.step()
+        facade.supersede("L", p0[:100] + tokens(rng, 10), DEFAULT_CONTRACT, 8)
+        facade.run_until_idle()
+        facade.consume("L")
+        path = facade.core_log.path
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert facade.core_log.validated == len(lines) > 0
+    assert {"supersede", "publish", "receipt", "cancel"} <= {r["transition"] for r in lines}
+
+
+def test_a_corrupted_core_log_fails_close(engine: Any) -> None:
+    """The check can fail: the same close, on a log whose lines were reordered, raises
+    ``TraceRejected`` -- after the engine was drained and every block given back."""
+    rng = random.Random(46)
+    p0 = tokens(rng, 120)
+    rejected = pytest.raises(TraceRejected, match=r"core log rejected: .*\.jsonl:\d+: ")
+    with rejected as err, attached(engine) as facade:
+        facade.submit("M", p0, DEFAULT_CONTRACT, 20)
+        for _ in range(3):
+            facade.step()
+        facade.supersede("M", p0[:100] + tokens(rng, 10), DEFAULT_CONTRACT, 8)
+        facade.run_until_idle()
+        assert facade.core_log is not None
+        records = facade.core_log.records
+        first = next(i for i, r in enumerate(records) if r["transition"] == "supersede")
+        records[first], records[first + 1] = records[first + 1], records[first]
+    assert "seq jumps" in err.value.message
+    assert_engine_clean(engine)
 
 
 def test_pause_keeps_authority_and_stops_the_scope(engine: Any, checker: Checker) -> None:

@@ -52,3 +52,4 @@ def test_tp2_receipts_from_every_rank(tmp_path: Path) -> None:
     assert r["v1_ok"], r["v1_problems"]
     assert r["v2_ok"], r["v2_problems"]
     assert r["closed_clean"]
+    assert r["core_log_validated"] > 0  # the run's core log was a behaviour of the spec

@@ -57,6 +57,8 @@ def main() -> int:
     }
     facade.shutdown()  # close(): raises LeakError if anything is left behind
     result["closed_clean"] = True
+    # the core log (RETIRE_CORE_LOG_DIR, inherited from the test) was validated by close()
+    result["core_log_validated"] = facade.core_log.validated if facade.core_log else None
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

@@ -1,0 +1,128 @@
+"""``CoreLog``: the core's transition log of one ``RetireEngine``, validated when the run closes.
+
+The facade hands ``CoreLog`` to ``retire_core.Retire`` as its structlog logger. While the engine
+runs, each transition's fields are only kept in memory (one dict per transition: no rendering,
+no I/O on the step path); ``finish`` appends them to the log file as JSON lines -- the format
+``retire validate-trace`` reads -- and validates the file against the spec
+(``retire_checks.trace_validation``). A rejected log raises :class:`TraceRejected` naming the
+file, the first offending line and the reason; so does a log that lost or gained lines (its
+``seq`` numbers must run without a gap, and every kept line must be replayed). A log with no
+transition (an engine that never handled an event) is written empty and not validated: there is
+nothing to replay.
+
+Where the log goes (``log_path_for``): the ``log_path`` the caller gives, else a file in the
+directory named by ``RETIRE_CORE_LOG_DIR`` (the vLLM test suite sets it for every test), else
+nowhere (the core then logs through the caller's logger, or not at all).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+from .errors import IntegrationError
+
+#: A directory: every ``RetireEngine`` created without a log path or logger writes its core log
+#: there and validates it at ``close``.
+LOG_DIR_ENV = "RETIRE_CORE_LOG_DIR"
+EVENT = "retire.transition"
+
+_NAMES = itertools.count()
+#: Every ``CoreLog`` not finished yet (a test fixture finishes those its test left open).
+_OPEN: weakref.WeakSet[CoreLog] = weakref.WeakSet()
+
+
+class TraceRejected(IntegrationError):
+    """The core log of a run is not a behaviour of the spec (or lost lines)."""
+
+    def __init__(self, path: Path, line: int, message: str) -> None:
+        super().__init__(f"core log rejected: {path}:{line}: {message}")
+        self.path = path
+        self.line = line
+        self.message = message
+
+
+def log_path_for(log_path: str | Path | None, logger: Any | None) -> Path | None:
+    """The file a facade's core log goes to (``None``: no validated log)."""
+    if log_path is not None:
+        return Path(log_path)
+    directory = os.environ.get(LOG_DIR_ENV)
+    if logger is not None or not directory:
+        return None
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return Path(directory) / f"core-{os.getpid()}-{next(_NAMES)}.jsonl"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if hasattr(value, "value"):
+        return value.value
+    return str(value)
+
+
+class CoreLog:
+    """A structlog-compatible logger (``info``, ``is_enabled_for``) that keeps the core's
+    transition events in memory until ``finish`` writes and validates them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        self.finished = False
+        self.validated: int | None = None  # transitions replayed against the spec by ``finish``
+        _OPEN.add(self)
+
+    def is_enabled_for(self, level: int) -> bool:
+        return True
+
+    def info(self, event: str, **fields: Any) -> None:
+        fields["event"] = event
+        self.records.append(fields)
+
+    def finish(self) -> int:
+        """Append the kept records to the file (one JSON object per line), forget them, and
+        validate what was appended; returns the number of transitions replayed against the spec.
+        Raises ``TraceRejected`` (line numbers are the file's)."""
+        from retire_checks.trace_validation import TraceError, validate_lines
+
+        if self.finished:
+            raise RuntimeError("the core log is already finished")
+        self.finished = True
+        _OPEN.discard(self)
+        lines = [json.dumps(record, default=_plain) + "\n" for record in self.records]
+        self.records = []
+        before = 0
+        if self.path.exists():
+            with open(self.path, encoding="utf-8") as fh:
+                before = sum(1 for _ in fh)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.writelines(lines)
+        if not lines:
+            self.validated = 0
+            return 0
+        try:
+            report = validate_lines(lines)
+        except TraceError as err:
+            raise TraceRejected(self.path, before + err.line, err.message) from None
+        if report.transitions != len(lines):
+            raise TraceRejected(
+                self.path,
+                before + report.lines,
+                f"{report.transitions} of {len(lines)} transitions replayed",
+            )
+        self.validated = report.transitions
+        return report.transitions
+
+
+def unfinished() -> list[CoreLog]:
+    """The core logs of this process that no ``close`` has finished yet."""
+    return list(_OPEN)
+
+
+__all__ = ["LOG_DIR_ENV", "CoreLog", "TraceRejected", "log_path_for", "unfinished"]

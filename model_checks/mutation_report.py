@@ -1,0 +1,267 @@
+"""``make mutation``'s report: mutmut's results over ``retire_core``'s protocol modules as JSON.
+
+``mutmut run`` (configured in ``pyproject.toml``: the modules, and the kill command -- the core
+unit tests, then the explorer of ``retire check --profile quick``, ``tests/mutation``) leaves one
+``mutants/retire_core/<module>.py.meta`` per module with an exit code per mutant. This module
+reads them and writes ``mutation-report.json``:
+
+* ``killed`` -- mutants some test failed on (a timeout or a crash also kills: the run did not
+  pass), in mutmut's run or when the survivors are judged again (``--recheck``: the Hypothesis
+  lock-step machine, too slow for every mutant, and tests written after the run started);
+* ``survived`` -- mutants every test passed on, less those listed in :data:`EQUIVALENT`;
+* ``equivalent`` -- survivors whose behaviour is the original's, each with a one-line reason;
+* ``score`` = killed / (killed + survived);
+
+and the details: every survivor and equivalent mutant with its diff, the mutants no selected
+test executes (``no_tests``, counted as survived: nothing checked them) and those not run yet
+(``not_checked``, not counted; a partial run lists them per module under ``modules``).
+
+Run as ``python -m retire_checks.mutation_report [--out PATH]`` from the repository root, after
+``mutmut run``. What does not live here: the kill command (``pyproject.toml``, ``tests/``), the
+hand-written mutant catalogue (``mutants.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+#: The protocol modules ``make mutation`` covers (issue 14), in the order they are reported.
+MODULES = ("gates", "handoff", "reclaim", "table", "ledger", "machine", "txn")
+
+KILLED = frozenset({1, 3, 24, -24, 36, 152, 255, -9, -11})  # failed, timed out or crashed
+SURVIVED = 0
+NO_TESTS = frozenset({5, 33})
+
+#: Surviving mutants whose behaviour equals the original's, with the reason (a mutant name is
+#: stable while its function's source is unchanged; ``mutmut show NAME`` prints its diff).
+EQUIVALENT: dict[str, str] = {}
+
+_LOST = (
+    "unreachable case: a certified page stays tracked and pinned until its adoption report "
+    "(RECLAIM frees no pinned page; pins are dropped only here or with the certificate itself, "
+    "release_certificate), so no certified page is ever missing or unpinned at verify_adoption"
+)
+_SHORTCUT = (
+    "RECLAIM's shortcut counts the current version as retired too, so it answers 'nothing to "
+    "do' less often; the full pass it then runs finds the same nothing (tests/test_core_batch.py "
+    "compares the shortcut with the full scan)"
+)
+_MEMO = (
+    "a lookup in the memo of rec.drained misses, so rec.drained(v) is computed again: the same "
+    "answer, later"
+)
+_CLEAN_MEMO = (
+    "RECLAIM's per-step memo of scopes found clean never hits (or, for changes=1 outside a "
+    "thawed page map, stores and compares the same constant): the scan runs and finds the "
+    "same result"
+)
+_CLEAN_MEMO_N = (7, 8, 9, 14, 16, 33)
+_UNPIN_DEFAULT = (
+    "the fallback reason of Unpin is unreachable: a page is released only once a failure "
+    'was found, so `failure or "verification_failed"` is always `failure`'
+)
+EQUIVALENT.update(
+    {
+        "retire_core.handoff.x_verify_adoption__mutmut_17": _LOST,  # `or` -> `and`
+        "retire_core.handoff.x_verify_adoption__mutmut_20": _LOST,  # "page_lost" -> None
+        "retire_core.handoff.x_verify_adoption__mutmut_21": _LOST,  # the reason's text
+        "retire_core.handoff.x_verify_adoption__mutmut_22": _LOST,  # the reason's case
+        "retire_core.handoff.x_verify_adoption__mutmut_32": _LOST,  # `continue` -> `break`
+        "retire_core.handoff.x_verify_adoption__mutmut_74": (
+            "pinned=None instead of False on a released page: every reader tests its truth "
+            "value, and the page (retained: a byte check fails only on a drained version's "
+            "page) is freed by RECLAIM in the same step, so the None never outlives the step"
+        ),
+        "retire_core.reclaim.x__nothing_drained__mutmut_9": _SHORTCUT,
+        "retire_core.reclaim.x__nothing_drained__mutmut_12": _SHORTCUT,
+        **{f"retire_core.reclaim.x_reclaim__mutmut_{n}": _CLEAN_MEMO for n in _CLEAN_MEMO_N},
+        "retire_core.reclaim.x_reclaim__mutmut_53": _MEMO,
+        "retire_core.reclaim.x_reclaim__mutmut_54": _MEMO,
+        "retire_core.reclaim.x__forget_drained_versions__mutmut_10": _MEMO,
+        "retire_core.reclaim.x__forget_drained_versions__mutmut_11": _MEMO,
+        "retire_core.handoff.x__candidates__mutmut_11": (
+            "`page.version <= rec.epoch` for `<`: while ALIGN runs the successor is not "
+            "admitted, so it has no participant and no page carries its version"
+        ),
+        "retire_core.gates.x_write_gate__mutmut_2": (
+            "the write gate lets a write into an unallocated page through, but on_write fences "
+            "it anyway (`if not allowed or page is None`), with the same reason"
+        ),
+        "retire_core.handoff.x_release_certificate__mutmut_7": _LOST,  # `and` -> `or`
+        "retire_core.handoff.x_verify_adoption__mutmut_115": _UNPIN_DEFAULT,
+        "retire_core.handoff.x_verify_adoption__mutmut_116": _UNPIN_DEFAULT,
+    }
+)
+
+
+def _diff(name: str, path: Path) -> str:
+    try:
+        from mutmut.mutation.diff_apply import get_diff_for_mutant
+    except ImportError:  # pragma: no cover - mutmut is a dev extra
+        return ""
+    try:
+        return str(get_diff_for_mutant(name, path=path))
+    except Exception as err:  # the report must not fail over one unreadable diff
+        return f"(no diff: {type(err).__name__}: {err})"
+
+
+def recheck(
+    names: list[str], tests: list[str], root: Path = Path("mutants"), jobs: int = 2
+) -> dict[str, str]:
+    """Judge surviving mutants again with ``tests``: the Hypothesis lock-step machine (too slow
+    to run for every mutant), and test files added after the run started (changing mutmut's test
+    selection would reset every cached verdict). Each test file is copied into ``root`` as it is
+    now; the unmutated code must pass them. Returns the mutants a test failed on, with the test
+    files that were run."""
+    for test in tests:
+        target = root / test
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(test, target)
+
+    def run(mutant: str) -> int:
+        env = dict(os.environ, MUTANT_UNDER_TEST=mutant, RETIRE_MUTATION="1")
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        return subprocess.run(cmd, cwd=root, env=env, capture_output=True).returncode
+
+    if run("") != 0:
+        raise RuntimeError(f"the unmutated code fails {tests}: fix the tests before rechecking")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each run is its own process
+        codes = dict(zip(names, pool.map(run, names), strict=True))
+    return {name: " ".join(tests) for name, code in codes.items() if code != 0}
+
+
+def collect(
+    root: Path = Path("mutants"), recheck_tests: list[str] | None = None, jobs: int = 2
+) -> dict[str, Any]:
+    """The report, from the ``.meta`` files under ``root`` (mutmut's working copy); survivors
+    are judged again with ``recheck_tests`` if given (see ``recheck``)."""
+    late_kills: dict[str, str] = {}
+    if recheck_tests:
+        surviving = [
+            name
+            for module in MODULES
+            for name, code in _codes(root, module).items()
+            if (code == SURVIVED or code in NO_TESTS) and name not in EQUIVALENT
+        ]
+        late_kills = recheck(surviving, recheck_tests, root, jobs)
+    killed = 0
+    survivors: list[dict[str, str]] = []
+    equivalents: list[dict[str, str]] = []
+    no_tests: list[dict[str, str]] = []
+    modules: dict[str, dict[str, int]] = {}
+    seconds = 0.0
+    for module in MODULES:
+        source = Path("retire_core") / f"{module}.py"
+        meta = root / "retire_core" / f"{module}.py.meta"
+        if not meta.exists():
+            modules[module] = {"mutants": 0, "checked": 0}
+            continue
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        codes: dict[str, int | None] = data.get("exit_code_by_key", {})
+        durations: dict[str, float] = data.get("durations_by_key", {})
+        codes = {n: (1 if n in late_kills else c) for n, c in codes.items()}
+        counts = {"mutants": len(codes), "checked": 0, "killed": 0, "survived": 0}
+        counts.update({"equivalent": 0, "no_tests": 0})
+        for name, code in sorted(codes.items()):
+            if code is None:
+                continue
+            counts["checked"] += 1
+            seconds += float(durations.get(name) or 0.0)
+            if code in KILLED:
+                killed += 1
+                counts["killed"] += 1
+            elif code == SURVIVED and name in EQUIVALENT:
+                counts["equivalent"] += 1
+                equivalents.append(
+                    {"mutant": name, "reason": EQUIVALENT[name], "diff": _diff(name, source)}
+                )
+            elif code in NO_TESTS:
+                counts["no_tests"] += 1
+                no_tests.append({"mutant": name, "diff": _diff(name, source)})
+            else:
+                counts["survived"] += 1
+                survivors.append(
+                    {"mutant": name, "exit_code": str(code), "diff": _diff(name, source)}
+                )
+        modules[module] = counts
+    survived = len(survivors) + len(no_tests)
+    covered = [m for m, c in modules.items() if c["mutants"] and c["checked"] == c["mutants"]]
+    return {
+        "schema": "retire-mutation-report/1",
+        "tool": _tool_version(),
+        "killed": killed,
+        "survived": survived,
+        "equivalent": len(equivalents),
+        "score": round(killed / (killed + survived), 4) if killed + survived else None,
+        "modules_complete": covered,
+        "modules_partial": [m for m, c in modules.items() if 0 < c["checked"] < c["mutants"]],
+        "modules_not_run": [m for m, c in modules.items() if c["checked"] == 0],
+        "modules": modules,
+        "test_seconds": round(seconds, 1),
+        "recheck_tests": recheck_tests or [],
+        "killed_on_recheck": [{"mutant": n, "by": t} for n, t in sorted(late_kills.items())],
+        "survivors": survivors,
+        "no_tests": no_tests,
+        "equivalents": equivalents,
+    }
+
+
+def _codes(root: Path, module: str) -> dict[str, int | None]:
+    meta = root / "retire_core" / f"{module}.py.meta"
+    if not meta.exists():
+        return {}
+    codes: dict[str, int | None] = json.loads(meta.read_text(encoding="utf-8")).get(
+        "exit_code_by_key", {}
+    )
+    return codes
+
+
+def _tool_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"mutmut {version('mutmut')}"
+    except Exception:  # pragma: no cover
+        return "mutmut"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m retire_checks.mutation_report")
+    p.add_argument("--out", type=Path, default=Path("mutation-report.json"))
+    p.add_argument("--mutants", type=Path, default=Path("mutants"), help="mutmut's working copy")
+    p.add_argument(
+        "--recheck",
+        nargs="+",
+        default=None,
+        metavar="TEST",
+        help="judge the survivors again with these test files (added after the run started)",
+    )
+    p.add_argument("--jobs", type=int, default=2, help="rechecks run at once")
+    args = p.parse_args(argv)
+    if not args.mutants.is_dir():
+        print(f"no {args.mutants}/: run mutmut first (make mutation)", file=sys.stderr)
+        return 2
+    report = collect(args.mutants, args.recheck, args.jobs)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(
+        f"mutation: {report['killed']} killed, {report['survived']} survived, "
+        f"{report['equivalent']} equivalent, score {report['score']} "
+        f"(complete: {', '.join(report['modules_complete']) or '-'}; partial: "
+        f"{', '.join(report['modules_partial']) or '-'}; not run: "
+        f"{', '.join(report['modules_not_run']) or '-'}) -> {args.out}"
+    )
+    for s in report["survivors"] + report["no_tests"]:
+        print(f"  survived: {s['mutant']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
