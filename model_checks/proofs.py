@@ -583,7 +583,10 @@ def replay_on_core(conc: Concretizer, steps: Sequence[ActionInstance]) -> str:
     try:
         for step in steps:
             move: ActionInstance | None = None
-            if step.name in _ENV:
+            if step.name == "finish":  # the engine reports the version it finished
+                scope = step.args[0]
+                move = ActionInstance("finish", (scope, ls.spec["scope_epoch"][scope]))
+            elif step.name in _ENV:
                 move = step
             elif step.name in ("publish", "drop"):
                 move = ActionInstance("deliver", step.args)
@@ -619,6 +622,8 @@ def _legal_env(ls: Any, move: ActionInstance) -> bool:
     if move.name == "attempt_write":
         q = move.args[1]
         return bool(ls.spec["part_used"][q] and not ls.spec["part_closed"][q])
+    if move.name == "finish":  # the env's move names the version, the spec's action does not
+        return bool(ls.spec_enabled(ActionInstance("finish", move.args[:1])))
     if move.name == "receipt" and move.args[0] not in ls.launched:
         return False
     if move.name == "launch" and (move.args[1], move.args[2]) not in ls.launchable:
