@@ -57,7 +57,8 @@ def log_path_for(log_path: str | Path | None, logger: Any | None) -> Path | None
     return Path(directory) / f"core-{os.getpid()}-{next(_NAMES)}.jsonl"
 
 
-def _plain(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for core log fields (enums, bytes, sets)."""
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, set | frozenset | tuple):
@@ -95,7 +96,7 @@ class CoreLog:
             raise RuntimeError("the core log is already finished")
         self.finished = True
         _OPEN.discard(self)
-        lines = [json.dumps(record, default=_plain) + "\n" for record in self.records]
+        lines = [json.dumps(record, default=json_default) + "\n" for record in self.records]
         self.records = []
         before = 0
         if self.path.exists():

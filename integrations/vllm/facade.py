@@ -94,7 +94,7 @@ from retire_core import (
 from . import identity, observe
 from . import introspect as ix
 from .api import Delivery
-from .corelog import CoreLog, TraceRejected, log_path_for
+from .corelog import CoreLog, TraceRejected, json_default, log_path_for
 from .engine_config import BLOCK_SIZE, build_engine
 from .errors import IntegrationError, IsolationError, LeakError
 from .serving.ledger import BlockLedger
@@ -241,22 +241,12 @@ class _NullLogger:
         return None
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    if hasattr(value, "value"):
-        return value.value
-    return str(value)
-
-
 def json_lines_logger(stream: TextIO) -> Any:
     """A structlog logger that writes each event as one JSON object per line (trace validation
     reads these)."""
     return structlog.wrap_logger(
         structlog.WriteLogger(stream),
-        processors=[structlog.processors.JSONRenderer(default=_json_default, sort_keys=False)],
+        processors=[structlog.processors.JSONRenderer(default=json_default, sort_keys=False)],
     )
 
 
