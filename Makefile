@@ -43,8 +43,9 @@ typecheck: setup-vllm
 	ln -sfn ../model_checks $(TYPECHECK)/retire_checks
 	ln -sfn ../integrations/vllm $(TYPECHECK)/retire_vllm
 	ln -sfn ../benchmarks $(TYPECHECK)/retire_bench
+	ln -sfn ../retire_cli $(TYPECHECK)/retire_cli
 	MYPYPATH=$(TYPECHECK) $(VENV)/bin/mypy --strict --follow-imports=silent \
-		-p retire_spec -p retire_core -p retire_checks -p retire_vllm -p retire_bench
+		-p retire_spec -p retire_core -p retire_checks -p retire_vllm -p retire_bench -p retire_cli
 
 test-core: setup lint
 	$(VENV)/bin/pytest -q -m "not vllm"

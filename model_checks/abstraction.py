@@ -204,10 +204,6 @@ def control_view(st: SpecState, bounds: Bounds) -> dict[str, tuple[Any, ...]]:
     return fast_canonical(st, bounds).project(CONTROL_COLUMNS)
 
 
-def with_control(st: SpecState, control: dict[str, tuple[Any, ...]], bounds: Bounds) -> SpecState:
-    return fast_canonical(st.replace(control), bounds)
-
-
 @functools.cache
 def _initial_control_cells(bounds: Bounds) -> tuple[tuple[Any, ...], ...]:
     init = initial_state(bounds)

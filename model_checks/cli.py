@@ -1,26 +1,20 @@
-"""The ``retire`` command line.
+"""The ``retire`` subcommand registry, and ``retire scenario``.
 
-Subcommands register themselves in ``COMMANDS`` (name -> (help, configure, run)); this module only
-parses arguments and dispatches. ``retire scenario`` runs the scripted core scenario; the checks,
-trace validation and the vLLM demo and replay add their own subcommands in their modules.
-Exit codes: 0 success, 1 a check failed, 2 bad usage.
+Modules that contribute subcommands register them in ``COMMANDS`` (name -> (help, configure,
+run)) with ``command``: this one (``scenario``), ``retire_checks.cli_checks`` (``check``,
+``validate-trace``) and ``retire_bench.cli`` (``demo``, ``replay``). The ``retire`` console
+script itself (``retire_cli``) imports them all and dispatches; nothing here imports it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 from collections.abc import Callable
 
 Configure = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
 
 COMMANDS: dict[str, tuple[str, Configure, Run]] = {}
-
-# Modules that contribute subcommands (imported lazily so a missing optional extra only
-# disables its own subcommands).
-PLUGINS = ("retire_checks.cli_checks", "retire_bench.cli")
 
 
 def command(name: str, help: str, configure: Configure | None = None) -> Callable[[Run], Run]:
@@ -36,30 +30,3 @@ def _scenario(args: argparse.Namespace) -> int:
     from retire_checks.scenario import run
 
     return run()
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:  # every other argument is vLLM's server's
-        from retire_vllm.serving.server import main as serve
-
-        return serve(argv[1:])
-    for module in PLUGINS:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name is None or not module.startswith(err.name):
-                raise
-    parser = argparse.ArgumentParser(
-        prog="retire", description="Retire: replace live LLM work safely."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="vLLM's OpenAI-compatible server with Retire (docs/serving.md)")
-    for name, (help_text, configure, _) in sorted(COMMANDS.items()):
-        configure(sub.add_parser(name, help=help_text))
-    args = parser.parse_args(argv)
-    return COMMANDS[args.command][2](args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -88,6 +88,7 @@ def _z3_job(bmc_depth: int, timeout_ms: int) -> dict[str, Any]:
         "bmc_status": report.bmc_status,
         "seconds": round(report.seconds, 2),
         "checks": len(report.checks),
+        "all_proved": report.all_proved,
         "vacuity": report.vacuity,
         "vacuity_checks": [
             {"check": c.name, "status": c.status, "detail": c.detail} for c in report.vacuity_checks
@@ -239,8 +240,7 @@ def check(args: argparse.Namespace) -> int:
         result.ok
         and all(invariants.values())
         and report["refinement"]
-        and all(v == "proved" for v in z3_results.values())
-        and z3_info.get("bmc_status") == "clean"
+        and z3_info.get("all_proved") is True
         and z3_info.get("vacuity") is True
         and (args.skip_mutants or (killed == len(verdicts) and len(verdicts) >= 15))
     )

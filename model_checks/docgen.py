@@ -1,9 +1,10 @@
 """Generates the parts of docs/protocol.md that must never be drawn by hand.
 
 The state diagram comes from ``retire_core.table`` (every legal (state, event) pair, with the
-next state where the table determines it); the event, command and invariant lists come from the
-classes and the spec themselves. ``python -m retire_checks.docgen`` rewrites the generated block
-between the markers in docs/protocol.md; a test fails when the file is stale.
+next state where the table determines it); the event, command, reason and invariant lists come
+from the classes, the reason enums and the spec themselves. ``python -m retire_checks.docgen``
+rewrites the generated block between the markers in docs/protocol.md; a test fails when the
+file is stale.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 import attrs
 
-from retire_core import commands, events
+from retire_core import commands, events, reasons
 from retire_core.table import NEXT_STATE, TABLE
 from retire_spec.invariants import INVARIANTS, QUIESCENCE
 
@@ -76,6 +77,16 @@ def generated() -> str:
     ):
         cls = getattr(commands, name)
         parts.append(f"| `{name}` | {_fields(cls)} | {_doc(cls)} |")
+    parts += ["", "### Reasons (`retire_core/reasons.py`)", "", "| enum | values | meaning |"]
+    parts.append("|---|---|---|")
+    for family in (
+        reasons.DropReason,
+        reasons.FenceReason,
+        reasons.ReleaseReason,
+        reasons.UnpinReason,
+    ):
+        values = ", ".join(f"`{m.value}`" for m in family)
+        parts.append(f"| `{family.__name__}` | {values} | {_doc(family)} |")
     parts += ["", "### Invariants (spec/invariants.py)", ""]
     for inv in INVARIANTS:
         parts.append(f"- **{inv.name}** — {inv.text}")

@@ -117,28 +117,26 @@ ENV_MOVES = tuple(
         "report",
     )
 )
+_D, _F, _R = rc.DropReason, rc.FenceReason, rc.ReleaseReason
 REASONS = (
-    "drop:scope_cancelled",
-    "drop:retired_draining",
-    "drop:retired_drained",
-    "drop:retired_expired",
-    "fence:scope_cancelled",
-    "fence:retired_draining",
-    "fence_write:page_not_allocated",
-    "fence_write:page_of_another_scope",
-    "fence_write:page_of_another_version",
-    "fence_write:writer_closed",
-    "release:digest_mismatch",
-    "release:generation_changed",
+    f"drop:{_D.SCOPE_CANCELLED}",
+    f"drop:{_D.RETIRED_DRAINING}",
+    f"drop:{_D.RETIRED_DRAINED}",
+    f"drop:{_D.RETIRED_EXPIRED}",
+    f"fence:{_D.SCOPE_CANCELLED}",
+    f"fence:{_D.RETIRED_DRAINING}",
+    *(f"fence_write:{reason}" for reason in _F),
+    f"release:{_R.DIGEST_MISMATCH}",
+    f"release:{_R.GENERATION_CHANGED}",
     # (``late_report:retired_draining`` is not among them: a byte check's version was never
     # admitted, so once the engine launches only admitted versions it has no participant, and
     # no page either, since adoption comes after the report: the classification is unreachable)
-    "late_report:retired_expired",
-    "late_report:scope_cancelled",
-    "drop:version_finished",
-    "fence:version_finished",
-    "late_finish:version_finished",
-    "late_finish:retired_draining",
+    f"late_report:{_D.RETIRED_EXPIRED}",
+    f"late_report:{_D.SCOPE_CANCELLED}",
+    f"drop:{_D.VERSION_FINISHED}",
+    f"fence:{_D.VERSION_FINISHED}",
+    f"late_finish:{_D.VERSION_FINISHED}",
+    f"late_finish:{_D.RETIRED_DRAINING}",
 )
 PATHS = (
     "path:cold_resume",  # a successor admitted cold (no reuse, or nothing certifiable)
@@ -189,9 +187,9 @@ def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
     for c in out.commands:
         hits.append(f"command:{type(c).__name__}")
         if isinstance(c, rc.Unpin):
-            if c.reason == "superseded_before_adoption":
+            if c.reason == rc.UnpinReason.SUPERSEDED_BEFORE_ADOPTION:
                 hits.append("path:chain_collapse")
-            elif c.reason == "cancelled":
+            elif c.reason == rc.UnpinReason.CANCELLED:
                 hits.append("path:cancel_releases_pins")
     return hits
 
@@ -219,7 +217,7 @@ def dynamic_hits(out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
         elif a == "drop" and t.version is not None:
             if before["scope_epoch"][_slot(t.scope)] - t.version >= 2:
                 hits.append("path:drop_two_versions_back")
-        elif a == "fence_write" and t.reason == "page_of_another_scope":
+        elif a == "fence_write" and t.reason == rc.FenceReason.PAGE_OF_ANOTHER_SCOPE:
             s = _slot(t.scope)
             if before["page_fp"][t.arg("page")] != bounds.fingerprints[s]:
                 hits.append("path:cross_tenant_write_fenced")
@@ -299,7 +297,7 @@ class ProbeTally:
 
 def _reads_before(t: rc.Transition) -> bool:
     return t.action in ("publish", "drop", "supersede") or (
-        t.action == "fence_write" and t.reason == "page_of_another_scope"
+        t.action == "fence_write" and t.reason == rc.FenceReason.PAGE_OF_ANOTHER_SCOPE
     )
 
 

@@ -90,8 +90,10 @@ _on_cancel = machine.on_cancel
 _certify = handoff.certify_prefix
 
 
-def _stale_gate(kind: rc.FrameKind) -> Callable[..., tuple[bool, str | None]]:
-    def gate(scope: rc.ScopeRecord, version: int, k: rc.FrameKind) -> tuple[bool, str | None]:
+def _stale_gate(kind: rc.FrameKind) -> Callable[..., tuple[bool, rc.DropReason | None]]:
+    def gate(
+        scope: rc.ScopeRecord, version: int, k: rc.FrameKind
+    ) -> tuple[bool, rc.DropReason | None]:
         if k is kind and scope.state is not rc.ScopeState.CANCELLED:
             return True, None  # forgets the version check for this kind
         return _gate(scope, version, k)
@@ -101,13 +103,15 @@ def _stale_gate(kind: rc.FrameKind) -> Callable[..., tuple[bool, str | None]]:
 
 def _cancelled_gate(
     scope: rc.ScopeRecord, version: int, k: rc.FrameKind
-) -> tuple[bool, str | None]:
+) -> tuple[bool, rc.DropReason | None]:
     if scope.state is rc.ScopeState.CANCELLED and version == scope.epoch:
         return True, None
     return _gate(scope, version, k)
 
 
-def _finished_gate(scope: rc.ScopeRecord, version: int, k: rc.FrameKind) -> tuple[bool, str | None]:
+def _finished_gate(
+    scope: rc.ScopeRecord, version: int, k: rc.FrameKind
+) -> tuple[bool, rc.DropReason | None]:
     if scope.state is rc.ScopeState.FINISHED and version == scope.epoch:
         return True, None  # a finished version keeps publishing
     return _gate(scope, version, k)
@@ -127,16 +131,19 @@ def _forget_keeping_record(txn: Any, ev: rc.Forget) -> None:
     txn.record("forget", rc.Stage.CONTROL, ev.scope, rec.epoch)  # but the record stays
 
 
-def _pause_gate(scope: rc.ScopeRecord, version: int, k: rc.FrameKind) -> tuple[bool, str | None]:
+def _pause_gate(
+    scope: rc.ScopeRecord, version: int, k: rc.FrameKind
+) -> tuple[bool, rc.DropReason | None]:
     if scope.state is rc.ScopeState.PAUSED:
-        return False, "retired_version"  # a paused scope is treated as having lost authority
+        # a paused scope is treated as having lost authority
+        return False, rc.DropReason.RETIRED_VERSION
     return _gate(scope, version, k)
 
 
-def _write_gate_ignoring(field: str) -> Callable[..., tuple[bool, str | None]]:
+def _write_gate_ignoring(field: str) -> Callable[..., tuple[bool, rc.FenceReason | None]]:
     def gate(
         page: rc.PageRecord | None, scope: str, version: int, participant: str
-    ) -> tuple[bool, str | None]:
+    ) -> tuple[bool, rc.FenceReason | None]:
         if page is not None and page.writer_open:
             if field == "version" and page.owner == scope:
                 return True, None
@@ -249,8 +256,8 @@ def _cancel_with_successor(txn: Any, ev: rc.Cancel) -> None:
     txn.scopes[ev.scope] = attrs.evolve(rec, epoch=rec.epoch + 1, admitted=True)
 
 
-def _release_keeping_pins(txn: Any, scope: str, reason: str) -> None:
-    if reason == "superseded_before_adoption":
+def _release_keeping_pins(txn: Any, scope: str, reason: rc.UnpinReason) -> None:
+    if reason == rc.UnpinReason.SUPERSEDED_BEFORE_ADOPTION:
         rec = txn.scopes[scope]
         txn.scopes[scope] = attrs.evolve(rec, certificate=None)  # forgets the pins: a leak
         return

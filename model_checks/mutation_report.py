@@ -64,22 +64,9 @@ _CLEAN_MEMO = (
     "same result"
 )
 _CLEAN_MEMO_N = (7, 8, 9, 14, 16, 33)
-_UNPIN_DEFAULT = (
-    "the fallback reason of Unpin is unreachable: a page is released only once a failure "
-    'was found, so `failure or "verification_failed"` is always `failure`'
-)
 EQUIVALENT.update(
     {
         "retire_core.handoff.x_verify_adoption__mutmut_17": _LOST,  # `or` -> `and`
-        "retire_core.handoff.x_verify_adoption__mutmut_20": _LOST,  # "page_lost" -> None
-        "retire_core.handoff.x_verify_adoption__mutmut_21": _LOST,  # the reason's text
-        "retire_core.handoff.x_verify_adoption__mutmut_22": _LOST,  # the reason's case
-        "retire_core.handoff.x_verify_adoption__mutmut_32": _LOST,  # `continue` -> `break`
-        "retire_core.handoff.x_verify_adoption__mutmut_74": (
-            "pinned=None instead of False on a released page: every reader tests its truth "
-            "value, and the page (retained: a byte check fails only on a drained version's "
-            "page) is freed by RECLAIM in the same step, so the None never outlives the step"
-        ),
         "retire_core.reclaim.x__nothing_drained__mutmut_9": _SHORTCUT,
         "retire_core.reclaim.x__nothing_drained__mutmut_12": _SHORTCUT,
         **{f"retire_core.reclaim.x_reclaim__mutmut_{n}": _CLEAN_MEMO for n in _CLEAN_MEMO_N},
@@ -96,8 +83,6 @@ EQUIVALENT.update(
             "it anyway (`if not allowed or page is None`), with the same reason"
         ),
         "retire_core.handoff.x_release_certificate__mutmut_7": _LOST,  # `and` -> `or`
-        "retire_core.handoff.x_verify_adoption__mutmut_115": _UNPIN_DEFAULT,
-        "retire_core.handoff.x_verify_adoption__mutmut_116": _UNPIN_DEFAULT,
     }
 )
 

@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 
 from retire_checks.abstraction import fast_canonical
+from retire_core.reasons import ReleaseReason
 from retire_spec.actions import ACTION_BY_NAME, ActionInstance
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS
@@ -241,7 +242,7 @@ class Validator:
         insts = self._instances(r)
         if t in ("publish", "drop"):
             candidates = [self._emit(r, st) for st in candidates]
-        if t == "release" and d.get("reason") == "digest_mismatch":
+        if t == "release" and d.get("reason") == ReleaseReason.DIGEST_MISMATCH:
             candidates = candidates + [
                 c for c in (self._corrupt(st, insts[0].args[1]) for st in candidates) if c
             ]

@@ -6,8 +6,9 @@ The engine hands ``Retire.handle`` an event (``events``) and carries out the com
 all or nothing, paying the per-call cost once. Where each rule lives:
 publication and write isolation in ``gates``, ALIGN/RESUME (versioned handoff) in ``handoff``,
 RECLAIM in ``reclaim``, late-event classification in ``ledger``, the legal (state, event) pairs
-in ``table``. This package never imports vllm, torch, threads, clocks or I/O, and does not depend
-on the spec: ``retire_checks`` maps its state onto the spec's to check refinement.
+in ``table``, the reasons a drop, fence or unpin carries in ``reasons``. This package never
+imports vllm, torch, threads, clocks or I/O, and does not depend on the spec: ``retire_checks``
+maps its state onto the spec's to check refinement.
 """
 
 from retire_core.commands import (
@@ -67,6 +68,7 @@ from retire_core.events import (
     WriterClosed,
 )
 from retire_core.machine import BatchStep, Step, step, step_many
+from retire_core.reasons import DropReason, FenceReason, ReleaseReason, UnpinReason
 from retire_core.state import CoreState, PageRecord, ParticipantRecord, ScopeRecord, ScopeState
 from retire_core.transitions import Stage, Transition
 
@@ -87,10 +89,12 @@ __all__ = [
     "CoreState",
     "DoubleFreeError",
     "Drop",
+    "DropReason",
     "DuplicateParticipantError",
     "DuplicateReceiptError",
     "Event",
     "Fence",
+    "FenceReason",
     "FenceWrite",
     "Forget",
     "FrameArrived",
@@ -111,6 +115,7 @@ __all__ = [
     "PinCertified",
     "Publish",
     "Receipt",
+    "ReleaseReason",
     "ReleaseToCache",
     "ReportMismatchError",
     "Retire",
@@ -130,6 +135,7 @@ __all__ = [
     "UnknownScopeError",
     "Unpause",
     "Unpin",
+    "UnpinReason",
     "VersionFinished",
     "WriteAttempted",
     "WriterClosed",

@@ -15,6 +15,7 @@ import attrs
 
 from retire_core.events import FrameKind
 from retire_core.ids import BlockKey, FrameId, PageId, ParticipantId, ScopeId, Version
+from retire_core.reasons import DropReason, FenceReason, ReleaseReason, UnpinReason
 
 
 @attrs.frozen(slots=True)
@@ -27,11 +28,13 @@ class Publish:
 
 @attrs.frozen(slots=True)
 class Drop:
+    """Do not publish this frame: its version has no authority (``reason``, a ``DropReason``)."""
+
     frame: FrameId
     scope: ScopeId
     version: Version
     kind: FrameKind
-    reason: str
+    reason: DropReason
 
 
 @attrs.frozen(slots=True)
@@ -51,9 +54,11 @@ class AllowWrite:
 
 @attrs.frozen(slots=True)
 class FenceWrite:
+    """Refuse this write (Rule 3); ``reason`` is a ``FenceReason``."""
+
     page: PageId
     participant: ParticipantId
-    reason: str
+    reason: FenceReason
 
 
 @attrs.frozen(slots=True)
@@ -95,8 +100,11 @@ class Adopt:
 
 @attrs.frozen(slots=True)
 class Unpin:
+    """Drop the handoff pins of these pages, which will not be adopted: ``reason`` is an
+    ``UnpinReason``, or the ``ReleaseReason`` of a failed byte check."""
+
     pages: tuple[PageId, ...]
-    reason: str
+    reason: UnpinReason | ReleaseReason
 
 
 @attrs.frozen(slots=True)

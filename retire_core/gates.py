@@ -14,32 +14,33 @@ from __future__ import annotations
 
 from retire_core.events import FrameKind
 from retire_core.ids import ParticipantId, ScopeId, Version
+from retire_core.reasons import DropReason, FenceReason
 from retire_core.state import PageRecord, ScopeRecord, ScopeState
 
 
 def publication_gate(
     scope: ScopeRecord, version: Version, kind: FrameKind
-) -> tuple[bool, str | None]:
+) -> tuple[bool, DropReason | None]:
     """Rule 1. ``(True, None)`` to publish, ``(False, reason)`` to drop."""
     if scope.state is ScopeState.CANCELLED:
-        return False, "scope_cancelled"
+        return False, DropReason.SCOPE_CANCELLED
     if version != scope.epoch:
-        return False, "retired_version"
+        return False, DropReason.RETIRED_VERSION
     if scope.state is ScopeState.FINISHED:
-        return False, "version_finished"
+        return False, DropReason.VERSION_FINISHED
     return True, None
 
 
 def write_gate(
     page: PageRecord | None, scope: ScopeId, version: Version, participant: ParticipantId
-) -> tuple[bool, str | None]:
+) -> tuple[bool, FenceReason | None]:
     """Rule 3. ``(True, None)`` to let the write land, ``(False, reason)`` to fence it."""
     if page is None:
-        return False, "page_not_allocated"
+        return False, FenceReason.PAGE_NOT_ALLOCATED
     if page.owner != scope:
-        return False, "page_of_another_scope"
+        return False, FenceReason.PAGE_OF_ANOTHER_SCOPE
     if page.version != version:
-        return False, "page_of_another_version"
+        return False, FenceReason.PAGE_OF_ANOTHER_VERSION
     if not page.writer_open:
-        return False, "writer_closed"
+        return False, FenceReason.WRITER_CLOSED
     return True, None

@@ -17,6 +17,7 @@ from retire_core.contract import ReusePolicy
 from retire_core.errors import ReportMismatchError
 from retire_core.events import AdoptionReport
 from retire_core.ids import PageId, ScopeId
+from retire_core.reasons import ReleaseReason, UnpinReason
 from retire_core.state import PageRecord, ScopeRecord, ScopeState, evolve
 from retire_core.transitions import Stage
 from retire_core.txn import Txn
@@ -119,7 +120,7 @@ def certify_prefix(txn: Txn, scope: ScopeId) -> None:
     txn.emit(PinCertified(certificate))
 
 
-def release_certificate(txn: Txn, scope: ScopeId, reason: str) -> None:
+def release_certificate(txn: Txn, scope: ScopeId, reason: UnpinReason) -> None:
     """Drop every pin of the scope's pending certificate (chain collapse, cancel)."""
     rec = txn.read_scope(scope)
     if rec.certificate is None:
@@ -149,16 +150,16 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
         )
     adopted: list[PageId] = []
     released: list[PageId] = []
-    failure: str | None = None
+    failure: ReleaseReason | None = None
     for entry in certificate.entries:
         page = txn.pages.get(entry.page)
         if failure is None:
             if page is None or not page.pinned:
-                failure = "page_lost"
+                failure = ReleaseReason.PAGE_LOST
             elif page.generation != entry.generation:
-                failure = "generation_changed"
+                failure = ReleaseReason.GENERATION_CHANGED
             elif reported[entry.page] != entry.digest:
-                failure = "digest_mismatch"
+                failure = ReleaseReason.DIGEST_MISMATCH
         if page is None:
             continue
         if failure is None:
@@ -188,6 +189,6 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
             )
     if adopted:
         txn.emit(Adopt(scope, rec.epoch, tuple(adopted)))
-    if released:
-        txn.emit(Unpin(tuple(released), failure or "verification_failed"))
+    if released and failure is not None:  # a page is released only once a failure is found
+        txn.emit(Unpin(tuple(released), failure))
     admit(txn, scope, len(adopted), cold=False)

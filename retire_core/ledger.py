@@ -11,20 +11,21 @@ participants or pages), ``retired_drained`` (it has fully drained and is in the 
 from __future__ import annotations
 
 from retire_core.ids import ScopeId, Version
+from retire_core.reasons import DropReason
 from retire_core.state import ScopeState
 from retire_core.txn import Txn
 
 
-def classify_late(txn: Txn, scope: ScopeId, version: Version) -> str:
+def classify_late(txn: Txn, scope: ScopeId, version: Version) -> DropReason:
     rec = txn.read_scope(scope)  # reads only: nothing is thawed
     if rec.state is ScopeState.CANCELLED and version == rec.epoch:
-        return "scope_cancelled"
+        return DropReason.SCOPE_CANCELLED
     if rec.state is ScopeState.FINISHED and version == rec.epoch:
-        return "version_finished"
+        return DropReason.VERSION_FINISHED
     if any(r.version == version for r in rec.participants.values()) or any(
         v == version for v, _ in txn.page_kinds(scope)
     ):
-        return "retired_draining"
+        return DropReason.RETIRED_DRAINING
     if (scope, version) in txn.read_ledger():
-        return "retired_drained"
-    return "retired_expired"
+        return DropReason.RETIRED_DRAINED
+    return DropReason.RETIRED_EXPIRED

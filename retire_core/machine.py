@@ -53,6 +53,7 @@ from retire_core.events import (
 from retire_core.gates import publication_gate, write_gate
 from retire_core.ids import ScopeId, Version
 from retire_core.ledger import classify_late
+from retire_core.reasons import DropReason, FenceReason, UnpinReason
 from retire_core.state import (
     CoreState,
     PageRecord,
@@ -143,7 +144,7 @@ def on_submit(txn: Txn, ev: Submit) -> None:
 def on_supersede(txn: Txn, ev: Supersede) -> None:
     rec = txn.scopes[ev.scope]
     old = rec.epoch
-    handoff.release_certificate(txn, ev.scope, "superseded_before_adoption")
+    handoff.release_certificate(txn, ev.scope, UnpinReason.SUPERSEDED_BEFORE_ADOPTION)
     rec = txn.scopes[ev.scope]
     txn.scopes[ev.scope] = evolve(
         rec,
@@ -191,7 +192,7 @@ def on_unpause(txn: Txn, ev: Unpause) -> None:
 
 
 def on_cancel(txn: Txn, ev: Cancel) -> None:
-    handoff.release_certificate(txn, ev.scope, "cancelled")
+    handoff.release_certificate(txn, ev.scope, UnpinReason.CANCELLED)
     rec = txn.scopes[ev.scope]
     txn.scopes[ev.scope] = evolve(rec, state=ScopeState.CANCELLED, admitted=False)
     txn.record(
@@ -341,7 +342,7 @@ def on_frame(txn: Txn, ev: FrameArrived) -> None:
             )
         )
         return
-    why = classify_late(txn, scope, version) if reason == "retired_version" else reason
+    why = classify_late(txn, scope, version) if reason == DropReason.RETIRED_VERSION else reason
     assert why is not None
     txn.emit(Drop(ev.frame, scope, version, kind, why))
     txn.record("drop", Stage.PUBLISH, scope, version, reason=why, frame=ev.frame, kind=kind)
@@ -409,7 +410,7 @@ def on_write(txn: Txn, ev: WriteAttempted) -> None:
     allowed, reason = write_gate(page, scope, version, q)
     completes = ev.completes
     if not allowed or page is None:
-        txn.emit(FenceWrite(p, q, reason or "page_not_allocated"))
+        txn.emit(FenceWrite(p, q, reason or FenceReason.PAGE_NOT_ALLOCATED))
         txn.record(
             "fence_write",
             Stage.FENCE,

@@ -62,7 +62,7 @@ class Transition(NamedTuple):
         if self.changed:
             out["changed"] = {k: _plain(v) for k, v in self.changed}
         if self.reason is not None:
-            out["reason"] = self.reason
+            out["reason"] = _plain(self.reason)
         return out
 
 

@@ -257,10 +257,6 @@ class Txn:
         """``self.pages`` for reading only, without thawing the map."""
         return self.rpages
 
-    def read_page(self, page: PageId) -> PageRecord | None:
-        """``self.pages.get(page)`` without thawing the map."""
-        return self.rpages.get(page)
-
     def owned_pages(self, scope: ScopeId) -> Collection[PageId]:
         """The ids of the pages ``scope`` owns, in the current view (in no particular order),
         without scanning the others (see ``PageDict``)."""

@@ -12,7 +12,7 @@ symbolically.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 Val = Any
@@ -104,8 +104,3 @@ class Concrete:
 # page at that position can never match (the symbolic reading is an unconstrained array cell,
 # which is the weaker, hence sound, assumption for the proofs).
 _OUTSIDE = -(2**31)
-
-
-def conj(I: Interp, xs: Sequence[Val]) -> Val:
-    """Conjunction of a possibly empty list (``true`` when empty)."""
-    return I.and_(*xs) if xs else I.lit(True)

@@ -21,8 +21,6 @@ from typing import Any
 
 import attrs
 
-SORTS = ("Scope", "Part", "Frame", "Page")
-
 
 class Kind(enum.Enum):
     BOOL = "bool"
@@ -117,8 +115,6 @@ COLUMNS: tuple[Column, ...] = (
 COLUMN_INDEX: dict[str, int] = {c.name: i for i, c in enumerate(COLUMNS)}
 COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
 CONTROL_COLUMNS = tuple(c.name for c in COLUMNS if c.role is Role.CONTROL)
-WORLD_COLUMNS = tuple(c.name for c in COLUMNS if c.role is Role.WORLD)
-HISTORY_COLUMNS = tuple(c.name for c in COLUMNS if c.role is Role.HISTORY)
 
 
 @attrs.frozen(slots=True)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from retire_checks.cli import main
 from retire_checks.engine import COMMANDS_CHECKED
 from retire_checks.explorer import ALL_PROBES, QUICK
 from retire_checks.mutants import MUTANTS
+from retire_cli import main
 from retire_spec.invariants import INVARIANTS, QUIESCENCE
 
 REQUIRED_KEYS = {

@@ -14,12 +14,12 @@ import structlog
 
 import retire_core as rc
 from retire_checks.abstraction import Universe
-from retire_checks.cli import main
 from retire_checks.environment import Budget, apply_move, env_moves
 from retire_checks.lockstep import Lockstep
 from retire_checks.scenario import BOUNDS as SCENARIO_BOUNDS
 from retire_checks.scenario import SCRIPT
 from retire_checks.trace_validation import TraceError, validate_lines
+from retire_cli import main
 from retire_spec.schema import Bounds
 
 WALK = Bounds(

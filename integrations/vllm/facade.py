@@ -82,6 +82,7 @@ from retire_core import (
     PinCertified,
     Publish,
     Receipt,
+    ReleaseReason,
     Retire,
     ScopeState,
     Submit,
@@ -105,9 +106,7 @@ if TYPE_CHECKING:
 #: The numerical mode this engine runs in (float32 weights and KV, greedy sampling).
 ENGINE_NUMERICAL_MODE = "fp32-greedy"
 #: Unpin reasons that mean "the page failed verification": its hash is evicted.
-VERIFICATION_FAILURES = frozenset(
-    {"digest_mismatch", "generation_changed", "page_lost", "verification_failed"}
-)
+VERIFICATION_FAILURES = frozenset(ReleaseReason)
 
 _FACADE_IDS = itertools.count()
 

@@ -458,15 +458,6 @@ def check_hooks(hooks: Iterable[Hook] = HOOKS) -> list[str]:
     return problems
 
 
-def hooks_table() -> str:
-    """The hook list as a Markdown table (for the research notes)."""
-    rows = ["| module | attribute | kind | parameters | use |", "|---|---|---|---|---|"]
-    for h in HOOKS:
-        params = ", ".join(h.params) if h.kind is Kind.CALLABLE else ""
-        rows.append(f"| `{h.module}` | `{h.path}` | {h.kind.value} | {params} | {h.use} |")
-    return "\n".join(rows)
-
-
 if __name__ == "__main__":
     found = check_hooks()
     print("\n".join(found) if found else f"all {len(HOOKS)} hooks present (vllm {VLLM_VERSION})")

@@ -132,11 +132,6 @@ def manager_block_ids(kvm: Any, request_id: str) -> list[int]:
     return [b.block_id for b in blocks] if blocks else []
 
 
-def request_blocks(engine: LLMEngine, request_id: str, group: int = 0) -> list[KVCacheBlock]:
-    """The ``KVCacheBlock`` objects of a live request (same order as :func:`request_block_ids`)."""
-    return list(kv_cache_manager(engine).coordinator.get_blocks(request_id)[group])
-
-
 def request_block_hashes(engine: LLMEngine, request_id: str) -> list[bytes]:
     """Chained hashes of the request's *full* blocks (prompt and, later, output tokens)."""
     return list(scheduler(engine).requests[request_id].block_hashes)

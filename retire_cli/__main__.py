@@ -1,0 +1,5 @@
+"""``python -m retire_cli``: the ``retire`` command line."""
+
+from retire_cli import main
+
+raise SystemExit(main())
