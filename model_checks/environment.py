@@ -6,10 +6,12 @@ end reported for the current or an older version, emit a frame, deliver any in-f
 order, allocate, attempt a write anywhere — including into pages the writer does not own, close a
 writer, evict a page given back to its cache, corrupt a retained page, recycle a retained block id)
 and the engine's answer to a pending byte check. The engine obeys the core's commands (``engine``):
-it launches a participant only for a version an ``Admit`` started and no ``Fence`` stopped since,
-and allocates only pages the core's ``Free`` gave back (or never had); only the budgeted faults
-break its word. ``Budget`` bounds the moves that would otherwise make the world infinite (revisions
-per scope, faults). The Hypothesis state machine and the explorer both draw from this one list.
+it launches a participant only for a version an ``Admit`` started and no ``Fence`` stopped since (a
+version that lost authority before any of its participants started was never fenced: its request may
+still arrive, late; a pause may have overtaken it too), and allocates only pages the core's ``Free``
+gave back (or never had); only the budgeted faults break its word. ``Budget`` bounds the moves that
+would otherwise make the world infinite (revisions per scope, faults). The Hypothesis state machine
+and the explorer both draw from this one list.
 """
 
 from __future__ import annotations

@@ -131,6 +131,13 @@ def _forget_keeping_record(txn: Any, ev: rc.Forget) -> None:
     txn.record("forget", rc.Stage.CONTROL, ev.scope, rec.epoch)  # but the record stays
 
 
+def _paused_launch_refused(txn: Any, ev: rc.ParticipantStarted) -> None:
+    rec = txn.scopes.get(ev.scope)
+    if rec is not None and rec.state is rc.ScopeState.PAUSED and ev.version == rec.epoch:
+        raise rc.IllegalTransitionError(rec.state.value, "ParticipantStarted", "paused")
+    machine.on_participant_started(txn, ev)
+
+
 def _pause_gate(
     scope: rc.ScopeRecord, version: int, k: rc.FrameKind
 ) -> tuple[bool, rc.DropReason | None]:
@@ -695,6 +702,17 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         (),
         lambda: mock.patch.dict(machine._SCOPE_HANDLERS, {"on_forget": _forget_keeping_record}),
         judged_by=("hypothesis",),
+    ),
+    Mutant(
+        "paused_launch_refused",
+        "late launch refused",
+        "core",
+        "an admitted request that reaches the engine after a pause overtook it is refused (the "
+        "engine core would fail in add_request)",
+        (_C["control"],),
+        lambda: mock.patch.dict(
+            machine._SCOPE_HANDLERS, {"on_participant_started": _paused_launch_refused}
+        ),
     ),
     Mutant(
         "cold_successor_pins",

@@ -260,10 +260,6 @@ def on_participant_started(txn: Txn, ev: ParticipantStarted) -> None:
         raise IllegalTransitionError(
             rec.state.value, "ParticipantStarted", f"version {ev.version} is not admitted yet"
         )
-    if current and rec.state is ScopeState.PAUSED:
-        raise IllegalTransitionError(
-            rec.state.value, "ParticipantStarted", "a paused scope launches nothing new"
-        )
     # Classify before registering: the new participant itself must not make its version look
     # like one that is still draining.
     late = None if rec.has_authority(ev.version) else classify_late(txn, ev.scope, ev.version)

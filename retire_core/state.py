@@ -35,7 +35,7 @@ def _no_pages() -> PageMap[Any, Any]:
 class ScopeState(enum.Enum):
     ACTIVE = "active"  # the current version is admitted and runs
     ALIGNING = "aligning"  # advanced; the successor waits for FENCE/ALIGN/RESUME
-    PAUSED = "paused"  # the current version keeps authority but launches nothing new
+    PAUSED = "paused"  # the current version keeps authority; the engine runs no step of it
     CANCELLED = "cancelled"  # terminal: no successor, nothing publishes
     # the current version ran to its end: nothing more publishes, its pages go back to the
     # engine; a revision starts the next version (cold), a cancel ends the scope

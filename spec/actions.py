@@ -197,9 +197,10 @@ def forget_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
 
 
 def launch_guard(I: Interp, st: SpecState, q: Val, s: Val, v: Val) -> Val:
-    """A participant starts for version ``v``: the current, admitted version of an active
-    scope, or (a launch racing a revision, a cancel or the version's end) a version already
-    without authority, which FENCE then closes."""
+    """A participant starts for version ``v``: the current, admitted version of an active or
+    paused scope (an admitted request reaches the engine after a pause that overtook it: it
+    starts, and the pause withholds it from steps), or (a launch racing a revision, a cancel or
+    the version's end) a version already without authority, which FENCE then closes."""
     epoch = I.get(st["scope_epoch"], s)
     return I.and_(
         I.not_(I.get(st["part_used"], q)),
@@ -208,7 +209,7 @@ def launch_guard(I: Interp, st: SpecState, q: Val, s: Val, v: Val) -> Val:
         I.or_(
             I.lt(v, epoch),
             I.and_(I.eq(v, epoch), _mode_is(I, st, s, CANCELLED, FINISHED)),
-            I.and_(I.eq(v, epoch), I.get(st["scope_admitted"], s), _mode_is(I, st, s, ACTIVE)),
+            _current_and_admitted(I, st, s, v),
         ),
     )
 

@@ -164,6 +164,22 @@ def test_bad_input_raises_and_changes_nothing(event: object, error: type) -> Non
     assert r.snapshot() is before
 
 
+def test_a_request_that_arrives_after_a_pause_starts_and_stays_current() -> None:
+    """In the serving split a pause can overtake the admitted request on its way to the engine
+    core: the request's participant starts (the scheduler withholds it while paused), it is not
+    fenced, and after the unpause it runs and publishes as the current version."""
+    r = rc.Retire()
+    r.handle(rc.Submit("s", "t", "f", (1, 2)))
+    r.handle(rc.Pause("s"))
+    started = r.handle(rc.ParticipantStarted("s", 0, "a"))
+    assert not [c for c in started if isinstance(c, rc.Fence)]
+    assert r.state.scopes["s"].participants["a"].closed is False
+    assert r.state.scopes["s"].state is rc.ScopeState.PAUSED
+    r.handle(rc.Unpause("s"))
+    published = r.handle(rc.FrameArrived("s", 0, 1, rc.FrameKind.TOKEN))
+    assert [c for c in published if isinstance(c, rc.Publish)]
+
+
 def test_duplicate_receipt_double_free_and_cancelled_scope() -> None:
     r = _ready()
     r.handle(rc.WriteAttempted("s", 0, "a", 7))
