@@ -2,11 +2,12 @@
 
 One ``retire_core.Retire`` per engine core, beside the scheduler (``RetireServingScheduler``
 builds it; the first utility call attaches it to the ``EngineCore``). Everything here runs on the
-engine core's busy-loop thread: utility calls (``call``) are handled between steps, scheduler
-hooks inside them, so the authority is never entered twice at once.
+engine core's busy-loop thread: utility calls (``call``, answered by ``scope_calls.ScopeCalls``)
+are handled between steps, scheduler hooks inside them, so the authority is never entered twice
+at once.
 
-Each observation point builds its events, calls the core once (``_decide``) and hands the
-commands to one non-re-entrant executor (``_run``); a caller that needs a frame's fate reads the
+Each observation point builds its events, calls the core once (``decide``) and hands the
+commands to one non-re-entrant executor (``execute``); a caller that needs a frame's fate reads the
 ``Publish``/``Drop`` in the commands it got back. Observation -> event:
 
 * ``open`` (a scoped request arrives at the API process) -> ``Submit`` or ``Supersede``;
@@ -44,18 +45,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from retire_core import (
-    DEFAULT_CONTRACT,
     Admit,
     Adopt,
     AdoptionReport,
-    Cancel,
     Command,
-    Contract,
     Drop,
     Event,
     Fence,
     FenceWrite,
-    Forget,
     FrameArrived,
     FrameKind,
     Free,
@@ -63,28 +60,21 @@ from retire_core import (
     PageEvicted,
     PageReused,
     ParticipantStarted,
-    Pause,
     PinCertified,
     Receipt,
     ReleaseToCache,
     Retire,
     RetireError,
     ScopeState,
-    Submit,
-    Supersede,
-    Unpause,
     Unpin,
     VersionFinished,
     WriterClosed,
 )
-from retire_core.errors import ContractError, IllegalTransitionError, UnknownScopeError
-from retire_core.ids import check_name
 
-from .. import identity, observe
 from .. import introspect as ix
+from .. import observe
 from ..errors import IntegrationError, IsolationError
 from ..facade import (
-    ENGINE_NUMERICAL_MODE,
     VERIFICATION_FAILURES,
     _NullLogger,
     json_lines_logger,
@@ -92,13 +82,10 @@ from ..facade import (
 from . import wire
 from .ledger import BlockLedger, BlockRef
 from .records import Admission, Histogram, ManagedRequest, ScopeInfo
+from .scope_calls import ScopeCalls
 
 #: Environment variable naming the file the core's transitions are written to (JSON lines).
 LOG_ENV = "RETIRE_CORE_LOG"
-
-
-class TenantMismatchError(RetireError):
-    """A request names a scope that belongs to another tenant."""
 
 
 class EngineSide:
@@ -123,6 +110,7 @@ class EngineSide:
         self._fencing: set[str] = set()  # requests this side is finishing itself
         self.counters: dict[str, int] = {}
         self.cleanup = Histogram()
+        self.calls = ScopeCalls(self)
 
     # ---- attach (first utility call) ------------------------------------------------------------
 
@@ -165,7 +153,7 @@ class EngineSide:
         assert self.retire is not None, "the engine side is not attached"
         return self.retire
 
-    # ---- utility calls (from the API process) ---------------------------------------------------
+    # ---- utility calls (from the API process): answered by ``ScopeCalls`` ------------------
 
     def call(self, engine_core: Any, op: str, payload: dict[str, Any]) -> Any:
         self.attach(engine_core)
@@ -174,248 +162,9 @@ class EngineSide:
         if op == "attach":
             return {"ok": True, "block_size": self.block_size, "tp": self.tp}
         try:
-            return getattr(self, f"op_{op}")(payload)
+            return getattr(self.calls, f"op_{op}")(payload)
         except RetireError as err:
             return wire.refusal(err)
-
-    def op_open(self, payload: dict[str, Any]) -> Any:
-        scope = check_name(payload.get("scope"), "scope")
-        tenant = check_name(payload.get("tenant"), "tenant")
-        tokens = tuple(int(t) for t in payload["prompt_token_ids"])
-        contract = self._contract(payload)
-        info = self.scopes.get(scope)
-        record = self.core.state.scopes.get(scope)
-        if record is not None and record.tenant != tenant:
-            raise TenantMismatchError(f"scope {scope!r} belongs to another tenant")
-        context = identity.prefix_identities(
-            tokens,
-            tenant=tenant,
-            scope=scope,
-            numerical_mode=contract.numerical_mode,
-            block_size=self.block_size,
-        )
-        event: Event
-        if record is None:
-            fingerprint = identity.fingerprint(
-                model=self.model_id,
-                dtype=self.dtype,
-                block_size=self.block_size,
-                tenant=tenant,
-                tensor_parallel_size=self.tp,
-            )
-            event = Submit(scope, tenant, fingerprint, context, contract)
-        else:
-            event = Supersede(scope, context, contract)
-        started = time.perf_counter()
-        commands = self._decide([event])  # raises (and changes nothing) when refused
-        if info is None:
-            info = self.scopes[scope] = ScopeInfo(tenant, time.monotonic())
-        version = self.core.current_version(scope)
-        info.last_active = time.monotonic()
-        info.context_blocks[version] = len(context)
-        future: Future[dict[str, Any]] = Future()
-        self.opening[(scope, version)] = future
-        fenced = self._fenced_versions(commands)
-        self._run(commands)
-        self.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
-        self._settle_openings(scope)
-        if record is not None:
-            self._count("supersedes")
-            self.cleanup.observe(time.perf_counter() - started)
-        else:
-            self._count("submits")
-        if future.done():
-            answer = future.result()
-            answer["fenced"] = fenced
-            return answer
-        return future  # answered by the Admit (vLLM defers the utility reply)
-
-    def op_abandon(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The API process will never add the request of this admitted version (its client left
-        while the version was opened): forget the admission."""
-        key = (check_name(payload.get("scope"), "scope"), int(payload["version"]))
-        dropped = self.admissions.pop(key, None)
-        return {"ok": True, "dropped": dropped is not None}
-
-    def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
-        scope = self._own_scope(payload)
-        self._run(self._decide([Pause(scope)]))
-        self.scopes[scope].last_active = time.monotonic()
-        return self._status(scope)
-
-    def op_unpause(self, payload: dict[str, Any]) -> dict[str, Any]:
-        scope = self._own_scope(payload)
-        self._run(self._decide([Unpause(scope)]))
-        self.scopes[scope].last_active = time.monotonic()
-        return self._status(scope)
-
-    def op_cancel(self, payload: dict[str, Any]) -> dict[str, Any]:
-        scope = self._own_scope(payload)
-        return {**self._cancel(scope), **self._status(scope)}
-
-    def _cancel(self, scope: str) -> dict[str, Any]:
-        started = time.perf_counter()
-        commands = self._decide([Cancel(scope)])
-        fenced = self._fenced_versions(commands)
-        self._run(commands)
-        self.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
-        self._settle_openings(scope)
-        self._count("cancels")
-        self.cleanup.observe(time.perf_counter() - started)
-        return {"fenced": fenced}
-
-    def op_expire(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Cancel every live scope idle for longer than ``idle_seconds`` (no participant still
-        running, nothing waiting for admission, no request or open for that long), and forget
-        every scope cancelled longer ago than that with nothing of it left: requests on a
-        cancelled scope get ``scope_cancelled`` for at least ``idle_seconds``, then its id is
-        free again, and nothing Retire keeps grows with the number of scopes ever opened."""
-        idle = float(payload["idle_seconds"])
-        if not idle >= 0:
-            raise ContractError(f"idle_seconds must be a non-negative number, got {idle!r}")
-        now = time.monotonic()
-        busy = (
-            {s for s, _ in self.opening}
-            | {s for s, _ in self.admissions}
-            | {r.scope for r in self.reqs.values()}
-        )
-        expired, forgotten = [], []
-        for scope, record in list(self.core.state.scopes.items()):
-            info = self.scopes.get(scope)
-            if (
-                info is None
-                or scope in busy
-                or now - info.last_active < idle
-                or any(not p.closed for p in record.participants.values())
-            ):
-                continue
-            if record.state is ScopeState.CANCELLED:
-                # every request of it is closed and its frames were gated here: none is on its
-                # way (``Forget``'s precondition); the core refuses while pages are left
-                try:
-                    commands = self._decide([Forget(scope)])
-                except IllegalTransitionError:
-                    continue
-                self._run(commands)
-                del self.scopes[scope]
-                forgotten.append(scope)
-                continue
-            self._cancel(scope)
-            expired.append(scope)
-        self._count("expired", len(expired))
-        self._count("forgotten", len(forgotten))
-        return {"ok": True, "expired": expired, "forgotten": forgotten}
-
-    def op_metrics(self, payload: dict[str, Any]) -> dict[str, Any]:
-        scopes = self.core.state.scopes
-        draining = sum(
-            1
-            for r in scopes.values()
-            for p in r.participants.values()
-            if not p.closed and (p.version != r.epoch or r.state is ScopeState.CANCELLED)
-        )
-        return {
-            "ok": True,
-            "counters": dict(self.counters),
-            "live_scopes": sum(1 for r in scopes.values() if r.state is not ScopeState.CANCELLED),
-            "fences_in_progress": draining,
-            "cleanup_seconds": self.cleanup.as_dict(),
-        }
-
-    def op_status(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return self._status(self._own_scope(payload))
-
-    def op_leaks(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """What Retire and vLLM still hold (tests: nothing may be left once scopes are done)."""
-        core = self.core.state
-        return {
-            "ok": True,
-            "free_blocks": int(self.pool.get_num_free_blocks()),
-            "initial_free_blocks": self.initial_free_blocks,
-            "ledger_blocks": sorted(self.ledger.refs),
-            "ledger_pins": self.ledger.pinned(),
-            "ledger_cached": sorted(self.ledger.cached),
-            "core_pages": sorted(core.pages),
-            "core_pinned": list(self.core.pinned_pages()),
-            "managed_requests": sorted(self.reqs),
-            "scheduler_requests": sorted(self.scheduler.requests),
-            "admissions": [f"{s}@{v}" for s, v in self.admissions],
-            "openings": [f"{s}@{v}" for s, v in self.opening],
-            "live_scopes": sorted(
-                s for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
-            ),
-            "live_scope_tenants": {
-                s: r.tenant for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
-            },
-            "counters": dict(self.counters),
-            "scope_records": len(self.core.state.scopes),
-        }
-
-    def op_release_all(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Cancel every live scope (tests and shutdown)."""
-        for scope, record in list(self.core.state.scopes.items()):
-            if record.state is not ScopeState.CANCELLED:
-                self._cancel(scope)
-        return {"ok": True}
-
-    def _own_scope(self, payload: dict[str, Any]) -> str:
-        scope = check_name(payload.get("scope"), "scope")
-        tenant = check_name(payload.get("tenant"), "tenant")
-        record = self.core.state.scopes.get(scope)
-        if record is None:
-            raise UnknownScopeError(f"scope {scope!r} was never submitted")
-        if record.tenant != tenant:
-            raise TenantMismatchError(f"scope {scope!r} belongs to another tenant")
-        return scope
-
-    def _status(self, scope: str) -> dict[str, Any]:
-        record = self.core.scope(scope)
-        info = self.scopes[scope]
-        version = record.epoch
-        outstanding = sum(1 for p in record.participants.values() if not p.closed)
-        return {
-            "ok": True,
-            "scope": scope,
-            "tenant": record.tenant,
-            "version": version,
-            "state": record.state.value,
-            "admitted": record.admitted,
-            "adopted_blocks": info.adopted_blocks.get(version, 0),
-            "receipts_outstanding": outstanding,
-            "pages": sorted(p for p, r in self.core.state.pages.items() if r.owner == scope),
-            # given back to vLLM's prefix cache (a finished version's): evictable
-            "cached_pages": sorted(
-                p
-                for p, r in self.core.state.pages.items()
-                if r.owner == scope and not r.held and not r.pinned
-            ),
-        }
-
-    def _contract(self, payload: dict[str, Any]) -> Contract:
-        mode = payload.get("numerical_mode") or ENGINE_NUMERICAL_MODE
-        if mode != ENGINE_NUMERICAL_MODE:
-            raise ContractError(f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {mode!r}")
-        if not payload.get("greedy", False):
-            raise ContractError(
-                "a scope's versions must decode greedily (temperature 0): inherited state is "
-                "checked against exact equivalence with a clean run"
-            )
-        return DEFAULT_CONTRACT
-
-    def _fenced_versions(self, commands: Sequence[Command]) -> list[int]:
-        return sorted({c.version for c in commands if isinstance(c, Fence)})
-
-    def _settle_openings(self, scope: str) -> None:
-        """An ``open`` still waiting for its Admit whose version was revised or cancelled before
-        admission is answered now: its stream ends with the fence's reason, having run nothing."""
-        record = self.core.state.scopes.get(scope)
-        if record is None:
-            return
-        cancelled = record.state is ScopeState.CANCELLED
-        for key in [k for k in self.opening if k[0] == scope]:
-            if cancelled or key[1] != record.epoch:
-                reason = wire.FINISH_CANCELLED if cancelled else wire.FINISH_SUPERSEDED
-                self.opening.pop(key).set_result({"ok": True, "version": key[1], "fence": reason})
 
     # ---- scheduler hooks ------------------------------------------------------------------------
 
@@ -445,11 +194,11 @@ class EngineSide:
         self.reqs[rid] = req
         for p in participants:
             self.by_participant[p] = rid
-        self._count(
+        self.count(
             "uncertified_hashes_evicted",
             observe.restrict_prefix_hit(self.pool, request, req.adopted),
         )
-        self._run(self._decide([ParticipantStarted(scope, version, p) for p in participants]))
+        self.execute(self.decide([ParticipantStarted(scope, version, p) for p in participants]))
 
     def withheld(self, scheduler: Any) -> set[str]:
         if self.retire is None or not self.reqs:
@@ -473,11 +222,11 @@ class EngineSide:
             self._check_prefix_hit(req, ids, start)
         if not events:
             return
-        commands = self._decide(events)
+        commands = self.decide(events)
         for req, bid, idx in allocations:
             self.ledger.retain(bid, req.scope, req.version, req.rid, idx, req.salt)
             req.pages.append(bid)
-        self._run(commands)
+        self.execute(commands)
         self._completed.extend(bid for _, bid, _, completes in writes if completes)
 
     def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
@@ -491,12 +240,12 @@ class EngineSide:
                 frames.append((rid, FrameArrived(req.scope, req.version, frame, FrameKind.COMMIT)))
         if not frames:
             return set()
-        commands = self._decide([f for _, f in frames])
+        commands = self.decide([f for _, f in frames])
         dropped = {c.frame for c in commands if isinstance(c, Drop)}
-        self._run(commands)
+        self.execute(commands)
         refused = {rid for rid, f in frames if f.frame in dropped}
         if refused:
-            self._count("commits_dropped", len(refused))
+            self.count("commits_dropped", len(refused))
         self._fencing |= refused  # finished by the commit path, closed by the deferred Fence
         return refused
 
@@ -516,10 +265,10 @@ class EngineSide:
             reports, self._deferred_reports = self._deferred_reports, []
             for cmd in reports:
                 self._report(cmd)
-            self._run([])
+            self.execute([])
         if self._deferred:
             deferred, self._deferred = self._deferred, []
-            self._run(deferred)
+            self.execute(deferred)
 
     def on_finished_outside(self, requests: Iterable[Any]) -> None:
         """vLLM finished managed requests on its own (the API process aborted them: the client
@@ -544,14 +293,14 @@ class EngineSide:
                 frames.append((eco, out, frame))
         if not frames:
             return
-        commands = self._decide([f for _, _, f in frames])
+        commands = self.decide([f for _, _, f in frames])
         dropped = {c.frame for c in commands if isinstance(c, Drop)}
-        self._run(commands)
+        self.execute(commands)
         finished: list[ManagedRequest] = []
         for eco, out, frame in frames:
             if frame.frame in dropped:
                 eco.outputs.remove(out)
-                self._count("frames_dropped_engine")
+                self.count("frames_dropped_engine")
                 continue
             if out.finish_reason is not None:
                 req = self.reqs.get(out.request_id)
@@ -560,14 +309,14 @@ class EngineSide:
         for req in finished:
             self._close_request(req, req.participants)
             # its last frame was published: the version ran to its end
-            self._run(self._decide([VersionFinished(req.scope, req.version)]))
+            self.execute(self.decide([VersionFinished(req.scope, req.version)]))
 
     # ---- the executor ---------------------------------------------------------------------------
 
-    def _decide(self, events: list[Event]) -> list[Command]:
+    def decide(self, events: list[Event]) -> list[Command]:
         return self.core.handle_batch(events)  # raises (and changes nothing) on bad input
 
-    def _run(self, commands: Iterable[Command]) -> None:
+    def execute(self, commands: Iterable[Command]) -> None:
         """Carry out commands in order. Not re-entrant: commands that events reported while
         carrying them out produce are queued behind them."""
         self._queue.extend(commands)
@@ -588,7 +337,7 @@ class EngineSide:
         if self._in_step:
             self._deferred.append(cmd)
             return
-        self._count("fences")
+        self.count("fences")
         record = self.core.state.scopes[cmd.scope]
         reason = (
             wire.FINISH_CANCELLED
@@ -613,7 +362,7 @@ class EngineSide:
     def _on_pin(self, cmd: PinCertified) -> None:
         for entry in cmd.certificate.entries:
             self.ledger.pin(entry.page)
-        self._count("pins", len(cmd.certificate.entries))
+        self.count("pins", len(cmd.certificate.entries))
         if self._in_step:
             self._deferred_reports.append(cmd)  # the byte check runs at the step boundary
             return
@@ -624,19 +373,19 @@ class EngineSide:
         pages = list(cert.pages)
         digests = self.read_digests(pages)
         report = tuple(PageDigest(p, digests[p]) for p in pages)
-        self._queue.extend(self._decide([AdoptionReport(cert.scope, cert.version, report)]))
+        self._queue.extend(self.decide([AdoptionReport(cert.scope, cert.version, report)]))
 
     def _on_adopt(self, cmd: Adopt) -> None:
         for page in cmd.pages:
             self.ledger.adopt(page, cmd.scope, cmd.version)
-        self._count("adopted_blocks", len(cmd.pages))
+        self.count("adopted_blocks", len(cmd.pages))
 
     def _on_unpin(self, cmd: Unpin) -> None:
         failed = cmd.reason in VERIFICATION_FAILURES
         for page in cmd.pages:
             self.ledger.unpin(page, evict=failed)
         if failed:
-            self._count("verification_failures", len(cmd.pages))
+            self.count("verification_failures", len(cmd.pages))
 
     def _on_admit(self, cmd: Admit) -> None:
         info = self.scopes.get(cmd.scope)
@@ -667,8 +416,8 @@ class EngineSide:
             info.adopted_blocks = {cmd.version: cmd.adopted_blocks}
             recomputed = info.context_blocks.get(cmd.version, 0) - cmd.adopted_blocks
             info.context_blocks = {v: n for v, n in info.context_blocks.items() if v >= cmd.version}
-            self._count("recomputed_blocks", max(0, recomputed))
-        self._count("cold_admissions" if cmd.cold else "warm_admissions")
+            self.count("recomputed_blocks", max(0, recomputed))
+        self.count("cold_admissions" if cmd.cold else "warm_admissions")
         future = self.opening.pop(key, None)
         if future is not None:
             future.set_result(
@@ -684,7 +433,7 @@ class EngineSide:
 
     def _on_release_to_cache(self, cmd: ReleaseToCache) -> None:
         self._forget_pages(self.ledger.release_to_cache(cmd.pages))
-        self._count("blocks_released_to_cache", len(cmd.pages))
+        self.count("blocks_released_to_cache", len(cmd.pages))
 
     def _on_free(self, cmd: Free) -> None:
         self._forget_pages(self.ledger.free(cmd.pages))
@@ -733,10 +482,10 @@ class EngineSide:
         ranks = [p for p in todo if p != req.rid]
         if ranks:
             answers = observe.rank_receipts(self.executor, req.rid, ranks, req.block_ids)
-            self._count("rank_receipts", len(answers))
+            self.count("rank_receipts", len(answers))
         for participant in [*ranks, *(p for p in todo if p == req.rid)]:
             req.closed.add(participant)
-            self._run(self._decide([Receipt(req.scope, req.version, participant)]))
+            self.execute(self.decide([Receipt(req.scope, req.version, participant)]))
         self._forget_closed_requests()
 
     def _writer_open(self, block: int) -> bool:
@@ -750,7 +499,7 @@ class EngineSide:
         for block, digest in self.read_digests(blocks).items():
             self.ledger.refs[block].writer_open = False
             events.append(WriterClosed(block, digest))
-        self._run(self._decide(events))
+        self.execute(self.decide(events))
 
     def _forget_closed_requests(self) -> None:
         for rid in [
@@ -776,16 +525,16 @@ class EngineSide:
         """A block id the ledger still retains went to a new owner underneath the core."""
         for bid in ids:
             if self.ledger.evicted(bid):  # a page given back to the cache: vLLM evicted it
-                self._count("cached_blocks_evicted")
-                self._run(self._decide([PageEvicted(bid)]))
+                self.count("cached_blocks_evicted")
+                self.execute(self.decide([PageEvicted(bid)]))
             elif bid in self.ledger.refs and bid in self.core.state.pages:
                 page = self.core.state.pages[bid]
                 if page.held or not page.full:
                     raise IntegrationError(f"block {bid} was recycled while retained")
-                self._count("pages_reused")
-                self._run(self._decide([PageReused(bid)]))
+                self.count("pages_reused")
+                self.execute(self.decide([PageReused(bid)]))
 
-    def _count(self, name: str, n: int = 1) -> None:
+    def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
 

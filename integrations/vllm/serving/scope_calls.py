@@ -1,0 +1,293 @@
+"""``ScopeCalls``: the scope API as the API process reaches it, one utility call at a time.
+
+``open`` (a scoped request arrives: ``Submit`` or ``Supersede``), ``abandon``, ``pause``,
+``unpause``, ``cancel``, ``expire``, ``status``, ``metrics``, ``leaks`` and ``release_all``,
+each answered from the core's state and the engine side's records. Every call checks its input
+and its tenant, hands one batch of events to the engine side's ``decide`` and the commands to its
+``execute``, so a refused call raises a typed error and changes nothing. What does not live here:
+the scheduler hooks, the executor and the block work (``engine_side``), and the HTTP mapping of
+the answers (``http``, ``wire``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from retire_core import (
+    DEFAULT_CONTRACT,
+    Cancel,
+    Command,
+    Contract,
+    Event,
+    Fence,
+    Forget,
+    Pause,
+    RetireError,
+    ScopeState,
+    Submit,
+    Supersede,
+    Unpause,
+)
+from retire_core.errors import ContractError, IllegalTransitionError, UnknownScopeError
+from retire_core.ids import check_name
+
+from .. import identity
+from ..facade import ENGINE_NUMERICAL_MODE
+from . import wire
+from .records import ScopeInfo
+
+if TYPE_CHECKING:
+    from .engine_side import EngineSide
+
+
+class TenantMismatchError(RetireError):
+    """A request names a scope that belongs to another tenant."""
+
+
+class ScopeCalls:
+    def __init__(self, side: EngineSide) -> None:
+        self.side = side
+
+    def op_open(self, payload: dict[str, Any]) -> Any:
+        scope = check_name(payload.get("scope"), "scope")
+        tenant = check_name(payload.get("tenant"), "tenant")
+        tokens = tuple(int(t) for t in payload["prompt_token_ids"])
+        contract = self._contract(payload)
+        info = self.side.scopes.get(scope)
+        record = self.side.core.state.scopes.get(scope)
+        if record is not None and record.tenant != tenant:
+            raise TenantMismatchError(f"scope {scope!r} belongs to another tenant")
+        context = identity.prefix_identities(
+            tokens,
+            tenant=tenant,
+            scope=scope,
+            numerical_mode=contract.numerical_mode,
+            block_size=self.side.block_size,
+        )
+        event: Event
+        if record is None:
+            fingerprint = identity.fingerprint(
+                model=self.side.model_id,
+                dtype=self.side.dtype,
+                block_size=self.side.block_size,
+                tenant=tenant,
+                tensor_parallel_size=self.side.tp,
+            )
+            event = Submit(scope, tenant, fingerprint, context, contract)
+        else:
+            event = Supersede(scope, context, contract)
+        started = time.perf_counter()
+        commands = self.side.decide([event])  # raises (and changes nothing) when refused
+        if info is None:
+            info = self.side.scopes[scope] = ScopeInfo(tenant, time.monotonic())
+        version = self.side.core.current_version(scope)
+        info.last_active = time.monotonic()
+        info.context_blocks[version] = len(context)
+        future: Future[dict[str, Any]] = Future()
+        self.side.opening[(scope, version)] = future
+        fenced = self._fenced_versions(commands)
+        self.side.execute(commands)
+        self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
+        self._settle_openings(scope)
+        if record is not None:
+            self.side.count("supersedes")
+            self.side.cleanup.observe(time.perf_counter() - started)
+        else:
+            self.side.count("submits")
+        if future.done():
+            answer = future.result()
+            answer["fenced"] = fenced
+            return answer
+        return future  # answered by the Admit (vLLM defers the utility reply)
+
+    def op_abandon(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The API process will never add the request of this admitted version (its client left
+        while the version was opened): forget the admission."""
+        key = (check_name(payload.get("scope"), "scope"), int(payload["version"]))
+        dropped = self.side.admissions.pop(key, None)
+        return {"ok": True, "dropped": dropped is not None}
+
+    def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
+        scope = self._own_scope(payload)
+        self.side.execute(self.side.decide([Pause(scope)]))
+        self.side.scopes[scope].last_active = time.monotonic()
+        return self._status(scope)
+
+    def op_unpause(self, payload: dict[str, Any]) -> dict[str, Any]:
+        scope = self._own_scope(payload)
+        self.side.execute(self.side.decide([Unpause(scope)]))
+        self.side.scopes[scope].last_active = time.monotonic()
+        return self._status(scope)
+
+    def op_cancel(self, payload: dict[str, Any]) -> dict[str, Any]:
+        scope = self._own_scope(payload)
+        return {**self._cancel(scope), **self._status(scope)}
+
+    def _cancel(self, scope: str) -> dict[str, Any]:
+        started = time.perf_counter()
+        commands = self.side.decide([Cancel(scope)])
+        fenced = self._fenced_versions(commands)
+        self.side.execute(commands)
+        self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
+        self._settle_openings(scope)
+        self.side.count("cancels")
+        self.side.cleanup.observe(time.perf_counter() - started)
+        return {"fenced": fenced}
+
+    def op_expire(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Cancel every live scope idle for longer than ``idle_seconds`` (no participant still
+        running, nothing waiting for admission, no request or open for that long), and forget
+        every scope cancelled longer ago than that with nothing of it left: requests on a
+        cancelled scope get ``scope_cancelled`` for at least ``idle_seconds``, then its id is
+        free again, and nothing Retire keeps grows with the number of scopes ever opened."""
+        idle = float(payload["idle_seconds"])
+        if not idle >= 0:
+            raise ContractError(f"idle_seconds must be a non-negative number, got {idle!r}")
+        now = time.monotonic()
+        busy = (
+            {s for s, _ in self.side.opening}
+            | {s for s, _ in self.side.admissions}
+            | {r.scope for r in self.side.reqs.values()}
+        )
+        expired, forgotten = [], []
+        for scope, record in list(self.side.core.state.scopes.items()):
+            info = self.side.scopes.get(scope)
+            if (
+                info is None
+                or scope in busy
+                or now - info.last_active < idle
+                or any(not p.closed for p in record.participants.values())
+            ):
+                continue
+            if record.state is ScopeState.CANCELLED:
+                # every request of it is closed and its frames were gated here: none is on its
+                # way (``Forget``'s precondition); the core refuses while pages are left
+                try:
+                    commands = self.side.decide([Forget(scope)])
+                except IllegalTransitionError:
+                    continue
+                self.side.execute(commands)
+                del self.side.scopes[scope]
+                forgotten.append(scope)
+                continue
+            self._cancel(scope)
+            expired.append(scope)
+        self.side.count("expired", len(expired))
+        self.side.count("forgotten", len(forgotten))
+        return {"ok": True, "expired": expired, "forgotten": forgotten}
+
+    def op_metrics(self, payload: dict[str, Any]) -> dict[str, Any]:
+        scopes = self.side.core.state.scopes
+        draining = sum(
+            1
+            for r in scopes.values()
+            for p in r.participants.values()
+            if not p.closed and (p.version != r.epoch or r.state is ScopeState.CANCELLED)
+        )
+        return {
+            "ok": True,
+            "counters": dict(self.side.counters),
+            "live_scopes": sum(1 for r in scopes.values() if r.state is not ScopeState.CANCELLED),
+            "fences_in_progress": draining,
+            "cleanup_seconds": self.side.cleanup.as_dict(),
+        }
+
+    def op_status(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._status(self._own_scope(payload))
+
+    def op_leaks(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """What Retire and vLLM still hold (tests: nothing may be left once scopes are done)."""
+        core = self.side.core.state
+        return {
+            "ok": True,
+            "free_blocks": int(self.side.pool.get_num_free_blocks()),
+            "initial_free_blocks": self.side.initial_free_blocks,
+            "ledger_blocks": sorted(self.side.ledger.refs),
+            "ledger_pins": self.side.ledger.pinned(),
+            "ledger_cached": sorted(self.side.ledger.cached),
+            "core_pages": sorted(core.pages),
+            "core_pinned": list(self.side.core.pinned_pages()),
+            "managed_requests": sorted(self.side.reqs),
+            "scheduler_requests": sorted(self.side.scheduler.requests),
+            "admissions": [f"{s}@{v}" for s, v in self.side.admissions],
+            "openings": [f"{s}@{v}" for s, v in self.side.opening],
+            "live_scopes": sorted(
+                s for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
+            ),
+            "live_scope_tenants": {
+                s: r.tenant for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
+            },
+            "counters": dict(self.side.counters),
+            "scope_records": len(self.side.core.state.scopes),
+        }
+
+    def op_release_all(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Cancel every live scope (tests and shutdown)."""
+        for scope, record in list(self.side.core.state.scopes.items()):
+            if record.state is not ScopeState.CANCELLED:
+                self._cancel(scope)
+        return {"ok": True}
+
+    def _own_scope(self, payload: dict[str, Any]) -> str:
+        scope = check_name(payload.get("scope"), "scope")
+        tenant = check_name(payload.get("tenant"), "tenant")
+        record = self.side.core.state.scopes.get(scope)
+        if record is None:
+            raise UnknownScopeError(f"scope {scope!r} was never submitted")
+        if record.tenant != tenant:
+            raise TenantMismatchError(f"scope {scope!r} belongs to another tenant")
+        return scope
+
+    def _status(self, scope: str) -> dict[str, Any]:
+        record = self.side.core.scope(scope)
+        info = self.side.scopes[scope]
+        version = record.epoch
+        outstanding = sum(1 for p in record.participants.values() if not p.closed)
+        return {
+            "ok": True,
+            "scope": scope,
+            "tenant": record.tenant,
+            "version": version,
+            "state": record.state.value,
+            "admitted": record.admitted,
+            "adopted_blocks": info.adopted_blocks.get(version, 0),
+            "receipts_outstanding": outstanding,
+            "pages": sorted(p for p, r in self.side.core.state.pages.items() if r.owner == scope),
+            # given back to vLLM's prefix cache (a finished version's): evictable
+            "cached_pages": sorted(
+                p
+                for p, r in self.side.core.state.pages.items()
+                if r.owner == scope and not r.held and not r.pinned
+            ),
+        }
+
+    def _contract(self, payload: dict[str, Any]) -> Contract:
+        mode = payload.get("numerical_mode") or ENGINE_NUMERICAL_MODE
+        if mode != ENGINE_NUMERICAL_MODE:
+            raise ContractError(f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {mode!r}")
+        if not payload.get("greedy", False):
+            raise ContractError(
+                "a scope's versions must decode greedily (temperature 0): inherited state is "
+                "checked against exact equivalence with a clean run"
+            )
+        return DEFAULT_CONTRACT
+
+    def _fenced_versions(self, commands: Sequence[Command]) -> list[int]:
+        return sorted({c.version for c in commands if isinstance(c, Fence)})
+
+    def _settle_openings(self, scope: str) -> None:
+        """An ``open`` still waiting for its Admit whose version was revised or cancelled before
+        admission is answered now: its stream ends with the fence's reason, having run nothing."""
+        record = self.side.core.state.scopes.get(scope)
+        if record is None:
+            return
+        cancelled = record.state is ScopeState.CANCELLED
+        for key in [k for k in self.side.opening if k[0] == scope]:
+            if cancelled or key[1] != record.epoch:
+                reason = wire.FINISH_CANCELLED if cancelled else wire.FINISH_SUPERSEDED
+                self.side.opening.pop(key).set_result(
+                    {"ok": True, "version": key[1], "fence": reason}
+                )
