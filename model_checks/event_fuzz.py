@@ -8,14 +8,15 @@ plan's probability each event is mutated instead (a wrong scope, version, partic
 digest; a version from the future or the past; a replay of an earlier event, duplicated or out
 of order; an unknown scope; an empty, over-long or non-ASCII id; a value of the wrong type; a
 report that misses, repeats or invents a page; a request its scope's state refuses; an object
-that is no event at all), or a batch is sent with one such event in the middle. Every event is
-checked: it is accepted, or it raises a ``RetireError`` (a non-event: the core's own
-``TypeError``) and the core's state is the same object with the same contents (pickled before
-and after), with no transition or log line; an event the validators refuse at construction must
-fail with a ``RetireError`` or attrs' ``TypeError``. A batch must end exactly where its events
-one by one (``retire_core.step``) end, or raise the same error as the first refused one and
-change nothing. A violation raises ``FuzzFailure``. ``Plan`` is what Hypothesis draws for one
-trace (``tests/test_core_event_fuzz.py``); ``Tally`` counts events and outcomes.
+that is no event at all; odd values the validators pass), or a batch is sent with one such
+event in the middle. Every event is checked: it is accepted, or it raises a ``RetireError`` (a
+non-event: the core's own ``TypeError``) and the core's state is the same object with the same
+contents (pickled before and after), with no transition or log line; an event the validators
+refuse at construction must fail with a ``RetireError`` or attrs' ``TypeError``. A batch must
+end exactly where its events one by one (``retire_core.step``) end, or raise the same error as
+the first refused one and change nothing. A violation raises ``FuzzFailure``. ``Plan`` is what
+Hypothesis draws for one trace (``tests/test_core_event_fuzz.py``); ``Tally`` counts events and
+outcomes.
 """
 
 from __future__ import annotations
@@ -50,6 +51,24 @@ BAD_NAMES = ("", "x" * 129, "scope-é", "ψ", "a b", "s0\n", "\x00", "s0;drop", 
 ODD_NAMES = ("x" * 128, "@#+-./:_", "0", "tenant/a@b#1+2-3.4:5")
 WRONG_NUMBERS: tuple[object, ...] = (-1, 1.0, True, False, "1", None, b"1", 2**70 * -1)
 HUGE_NUMBERS = (2**31, 2**63, 2**64 + 5, 10**30)
+
+
+class _Int(int):
+    pass
+
+
+class _Str(str):
+    __slots__ = ()
+
+
+# Values the validators let through although they are odd: subclasses of int and str, block keys
+# that are empty, non-ASCII or huge, a context of thousands of blocks.
+ODD_VALUES: tuple[object, ...] = (
+    _Int(1),
+    _Str("s0"),
+    ("", "é", b"", 10**40, -(2**70)),
+    tuple(range(3000)),
+)
 CONTRACTS = (
     rc.DEFAULT_CONTRACT,
     rc.COLD_CONTRACT,
@@ -366,7 +385,7 @@ class _Trace:
     def _m_types(self, state: CoreState) -> Any:
         rng = self.rng
         bad: Any = rng.choice(
-            (*WRONG_NUMBERS, [1, 2], (1.5,), (True,), (None,), {"a": 1}, object())
+            (*WRONG_NUMBERS, *ODD_VALUES, [1, 2], (1.5,), (True,), (None,), {"a": 1}, object())
         )
         event = self.plausible()
         if rng.random() < 0.2:
@@ -489,8 +508,9 @@ class _Trace:
                     raise self._fail(f"untyped {type(err).__name__}({err})", e) from err
                 first = err
                 break
+        shape: Callable[[list[Any]], Any] = self.rng.choice((list, tuple, iter))
         try:
-            self.core.handle_batch(events)
+            self.core.handle_batch(shape(events))
         except Exception as err:
             if not self._allowed(err, events):
                 raise self._fail(f"untyped {type(err).__name__}({err}) in a batch", events) from err
