@@ -20,7 +20,7 @@ FrameId = int
 Version = int
 BlockKey = int | str | bytes
 
-_NAME = re.compile(r"^[A-Za-z0-9_.:/@#+-]{1,128}$")
+_NAME = re.compile(r"[A-Za-z0-9_.:/@#+-]{1,128}")  # whole string: fullmatch, not match with $
 
 
 # Names already accepted (events name the same few scopes and participants over and over).
@@ -31,7 +31,7 @@ _ACCEPTED_MAX = 1 << 16
 def check_name(value: object, what: str) -> str:
     if type(value) is str and value in _ACCEPTED:
         return value
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise MalformedIdError(
             f"{what} must be 1-128 characters of [A-Za-z0-9_.:/@#+-], got {value!r}"
         )

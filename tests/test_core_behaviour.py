@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+from collections.abc import Callable
 
 import pytest
 import structlog
@@ -162,6 +163,22 @@ def test_bad_input_raises_and_changes_nothing(event: object, error: type) -> Non
     with pytest.raises(error):
         r.handle(event)  # type: ignore[arg-type]
     assert r.snapshot() is before
+
+
+_BUILD: dict[str, Callable[[str], object]] = {
+    "scope": lambda name: rc.Pause(name),
+    "participant": lambda name: rc.ParticipantStarted("s", 0, name),
+    "tenant": lambda name: rc.Submit("s", name, "f", ()),
+}
+
+
+@pytest.mark.parametrize("field", sorted(_BUILD))
+@pytest.mark.parametrize("name", ["s0\n", "a\nb", "\n"])
+def test_a_name_with_a_newline_is_malformed(field: str, name: str) -> None:
+    """Found by ``retire_checks.event_fuzz``: the id pattern ended in ``$``, which also matches
+    before a final newline, so ``"s0\\n"`` was a valid scope, participant and tenant id."""
+    with pytest.raises(rc.MalformedIdError):
+        _BUILD[field](name)
 
 
 def test_a_request_that_arrives_after_a_pause_starts_and_stays_current() -> None:
