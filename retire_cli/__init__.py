@@ -2,8 +2,9 @@
 
 It sits above the packages whose subcommands it offers, so it imports them and none imports it:
 ``retire_checks.cli`` (the registry and ``scenario``), ``retire_checks.cli_checks`` (``check``,
-``validate-trace``) and ``retire_bench.cli`` (``demo``, ``replay``; left out where
-``retire_bench`` is not installed). ``retire serve`` hands every other argument to vLLM's server.
+``validate-trace``), ``retire_bench.cli`` (``demo``, ``replay``) and ``retire_bench.campaign``
+(``campaign``; both left out where ``retire_bench`` is not installed). ``retire serve`` hands
+every other argument to vLLM's server.
 Exit codes: 0 success, 1 a check failed, 2 bad usage.
 """
 
@@ -16,6 +17,7 @@ import retire_checks.cli_checks  # noqa: F401  (registers check, validate-trace)
 from retire_checks.cli import COMMANDS
 
 try:
+    import retire_bench.campaign  # (registers campaign)
     import retire_bench.cli  # noqa: F401  (registers demo, replay)
 except ModuleNotFoundError as err:
     if err.name is None or not "retire_bench.cli".startswith(err.name):

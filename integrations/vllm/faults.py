@@ -6,11 +6,19 @@
 * :func:`drop_references` releases every reference the facade holds on a block *without telling
   the core* (what a buggy release path would do): vLLM may then hand the block to someone else,
   and generation tracking (``GenerationSpy`` -> ``PageReused``) must catch it.
+* :func:`inject_frame` hands the core, at the facade's engine boundary, a TOKEN frame of any
+  version (what a transport delivering late, twice or out of order would hand it) and reports
+  the core's decision; a published frame reaches the consumer queue like any other.
+* :func:`redeliver_receipt` hands the core a participant's receipt again (a duplicated closure
+  report); the core must refuse it with a typed error and change nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from retire_core import Drop, FrameArrived, FrameKind, Publish, Receipt
 
 from . import introspect as ix
 
@@ -30,3 +38,23 @@ def drop_references(facade: RetireEngine, block_id: int) -> int:
     for _ in range(refs):
         facade.pool.free_blocks([block])
     return refs
+
+
+def inject_frame(facade: RetireEngine, scope: str, version: int, token_ids: Sequence[int]) -> str:
+    """A TOKEN frame of ``scope@version`` carrying ``token_ids``, handed to the core at the
+    engine boundary; returns ``"publish"`` or the ``Drop`` reason."""
+    from .facade import _Chunk
+
+    chunk = _Chunk(scope, version, tuple(int(t) for t in token_ids), False, None)
+    frame = facade._new_frame(chunk)
+    for cmd in facade._emit(FrameArrived(scope, version, frame, FrameKind.TOKEN)):
+        if isinstance(cmd, Publish) and cmd.frame == frame:
+            return "publish"
+        if isinstance(cmd, Drop) and cmd.frame == frame:
+            return str(cmd.reason)
+    raise AssertionError(f"frame {frame} was not decided")  # pragma: no cover - core contract
+
+
+def redeliver_receipt(facade: RetireEngine, scope: str, version: int, participant: str) -> None:
+    """Hand the core ``participant``'s receipt once more (raises the core's typed error)."""
+    facade._emit(Receipt(scope, version, participant))

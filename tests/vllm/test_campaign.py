@@ -1,0 +1,82 @@
+"""``retire campaign`` on real vLLM: one trial of every CPU fault, and a mutant it must fail on.
+
+Both tests run the command through ``retire_cli.main`` on one module engine (``campaign.run`` is
+pointed at it and at the module's checker, so no engine is built per command).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retire_bench import campaign
+from retire_checks.mutants import MUTANTS
+from retire_cli import main
+from retire_vllm.checker import Checker
+from tests.vllm.support import assert_engine_clean, build, shutdown
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Any]:
+    eng = build(num_blocks=campaign.NUM_BLOCKS)
+    yield eng
+    shutdown(eng)
+
+
+@pytest.fixture
+def on_module_engine(engine: Any, checker: Checker, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = campaign.run
+
+    def run(names: Any, trials: int, seed: int, **_: Any) -> dict[str, Any]:
+        return real(names, trials, seed, engine=engine, checker=checker)
+
+    monkeypatch.setattr(campaign, "run", run)
+
+
+def test_every_fault_is_injected_detected_and_repaired(
+    engine: Any, on_module_engine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "campaign.json"
+    assert main(["campaign", "--trials", "1", "--seed", "3", "--json", str(report)]) == 0
+    doc = json.loads(report.read_text())
+    print(capsys.readouterr().out)
+    assert set(doc["faults"]) == set(campaign.FAULTS)
+    for name, totals in doc["faults"].items():
+        assert totals == {
+            "injected": 1,
+            "detected": 1,
+            "repaired": 1,
+            "wrong_output": 0,
+        }, (name, [t for t in doc["trial_details"] if t["fault"] == name])
+    assert {"tp_worker_killed", "engine_core_killed"} <= set(doc["not_yet"])
+    assert all(t["error"] is None for t in doc["trial_details"])
+    assert_engine_clean(engine)
+
+
+@pytest.mark.parametrize(
+    ("mutant", "fault"),
+    [("digest_ignored", "corrupt_before_certify"), ("generation_ignored", "block_reused")],
+)
+def test_campaign_fails_on_a_core_without_its_adoption_check(
+    engine: Any, on_module_engine: None, tmp_path: Path, mutant: str, fault: str
+) -> None:
+    """Mutants of the catalogue: the core's adoption check ignores the content digest, or the
+    ownership generation. The campaign must report the fault undetected (or wrong output) and
+    exit 1."""
+    report = tmp_path / "mutant.json"
+    with MUTANTS[mutant].active():
+        rc = main(["campaign", "--faults", fault, "--trials", "1", "--json", str(report)])
+    doc = json.loads(report.read_text())
+    totals = doc["faults"][fault]
+    print(f"\n[{mutant}] {totals}: {doc['trial_details'][0]['details']}")
+    assert rc == 1 and not doc["passed"]
+    assert totals["injected"] == 1
+    assert totals["detected"] == 0 or totals["wrong_output"] > 0, doc["trial_details"]
+    assert totals["repaired"] == 0 or totals["detected"] == 0
+    assert_engine_clean(engine)
