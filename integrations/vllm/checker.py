@@ -35,7 +35,8 @@ from . import introspect as ix
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from .facade import RetireEngine, VersionRecord
+    from .facade import RetireEngine
+    from .facade_records import VersionRecord
 
 
 @attrs.frozen

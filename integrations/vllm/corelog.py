@@ -12,7 +12,9 @@ nothing to replay.
 
 Where the log goes (``log_path_for``): the ``log_path`` the caller gives, else a file in the
 directory named by ``RETIRE_CORE_LOG_DIR`` (the vLLM test suite sets it for every test), else
-nowhere (the core then logs through the caller's logger, or not at all).
+nowhere (the core then logs through the caller's logger, or not at all). The serving path's
+engine side writes its log as it goes instead (``json_lines_logger``), or logs nothing
+(``NullLogger``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import json
 import os
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+import structlog
 
 from .errors import IntegrationError
 
@@ -127,3 +131,20 @@ def unfinished() -> list[CoreLog]:
 
 
 __all__ = ["LOG_DIR_ENV", "CoreLog", "TraceRejected", "log_path_for", "unfinished"]
+
+
+class NullLogger:
+    def is_enabled_for(self, level: int) -> bool:
+        return False  # the core then builds no log fields at all
+
+    def info(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+def json_lines_logger(stream: TextIO) -> Any:
+    """A structlog logger that writes each event as one JSON object per line (trace validation
+    reads these)."""
+    return structlog.wrap_logger(
+        structlog.WriteLogger(stream),
+        processors=[structlog.processors.JSONRenderer(default=json_default, sort_keys=False)],
+    )

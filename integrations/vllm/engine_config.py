@@ -27,6 +27,8 @@ VLLM_VERSION: Final[str] = "0.32.0"
 
 BLOCK_SIZE: Final[int] = 32
 DEFAULT_NUM_BLOCKS: Final[int] = 512
+#: The numerical mode this engine runs in (float32 weights and KV, greedy sampling).
+ENGINE_NUMERICAL_MODE: Final[str] = "fp32-greedy"
 DEFAULT_MAX_MODEL_LEN: Final[int] = 4096
 
 #: Environment that must be in place before vLLM reads its settings.

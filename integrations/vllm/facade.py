@@ -47,16 +47,12 @@ allocation, so that every page the core tracks is really kept by vLLM).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
-
-import attrs
-import structlog
+from typing import TYPE_CHECKING, Any
 
 from retire_core import (
     DEFAULT_CONTRACT,
@@ -82,7 +78,6 @@ from retire_core import (
     PinCertified,
     Publish,
     Receipt,
-    ReleaseReason,
     Retire,
     ScopeState,
     Submit,
@@ -95,158 +90,24 @@ from retire_core import (
 from . import identity, observe
 from . import introspect as ix
 from .api import Delivery
-from .corelog import CoreLog, TraceRejected, json_default, log_path_for
-from .engine_config import BLOCK_SIZE, build_engine
+from .corelog import CoreLog, NullLogger, TraceRejected, log_path_for
+from .engine_config import BLOCK_SIZE, ENGINE_NUMERICAL_MODE, build_engine
 from .errors import IntegrationError, IsolationError, LeakError
-from .serving.ledger import BlockLedger
+from .facade_records import (
+    Chunk,
+    ExternalRequest,
+    FacadeRequest,
+    ScopeLog,
+    Stats,
+    VersionRecord,
+)
+from .serving.ledger import VERIFICATION_FAILURES, BlockLedger
 
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
 
-#: The numerical mode this engine runs in (float32 weights and KV, greedy sampling).
-ENGINE_NUMERICAL_MODE = "fp32-greedy"
-#: Unpin reasons that mean "the page failed verification": its hash is evicted.
-VERIFICATION_FAILURES = frozenset(ReleaseReason)
 
 _FACADE_IDS = itertools.count()
-
-
-# --- records: what each version did ------------------------------------------------------------
-
-
-@attrs.define
-class VersionRecord:
-    """Everything one version of a scope did, as observed by the facade."""
-
-    scope: str
-    version: int
-    prompt: tuple[int, ...]
-    max_tokens: int
-    contract: Contract
-    context: tuple[str, ...]
-    submitted_at: float
-    salt: str | None = None  # the physical cache_salt its request ran under
-    request_id: str | None = None
-    participants: tuple[str, ...] = ()
-    admitted: bool = False
-    admitted_at: float | None = None
-    cold: bool | None = None
-    adopted_blocks: int = 0
-    adopted_pages: tuple[int, ...] = ()
-    certificate: tuple[tuple[int, int, int, str], ...] = ()  # (page, position, generation, digest)
-    adoption_report: dict[int, str] = attrs.field(factory=dict)  # page -> digest read
-    released: list[tuple[int, str]] = attrs.field(factory=list)  # (page, reason)
-    hit_block_ids: tuple[int, ...] | None = None  # vLLM's prefix hit at first schedule
-    num_cached_tokens: int | None = None  # as reported by vLLM's RequestOutput
-    output_token_ids: list[int] = attrs.field(factory=list)  # everything vLLM generated
-    delivered_token_ids: list[int] = attrs.field(factory=list)  # what the consumer got
-    dropped_engine_tokens: int = 0  # dropped at the engine boundary
-    dropped_consumer_tokens: int = 0  # dropped at the consumer boundary (sat in the queue)
-    commits: int = 0
-    commits_dropped: int = 0
-    writes: int = 0
-    pages: list[int] = attrs.field(factory=list)  # block ids allocated for this version
-    receipts: dict[str, float] = attrs.field(factory=dict)  # participant -> time
-    rank_receipts: list[dict[str, Any]] = attrs.field(factory=list)
-    finish_reason: str | None = None
-    fenced: bool = False
-    first_output_at: float | None = None
-    first_delivery_at: float | None = None
-    last_delivery_at: float | None = None
-    finished_at: float | None = None
-    closed_at: float | None = None
-
-    @property
-    def closed(self) -> bool:
-        return bool(self.participants) and all(p in self.receipts for p in self.participants)
-
-
-@attrs.define
-class ScopeLog:
-    scope: str
-    tenant: str
-    versions: list[VersionRecord] = attrs.field(factory=list)
-
-    @property
-    def current(self) -> VersionRecord:
-        return self.versions[-1]
-
-    def version(self, v: int) -> VersionRecord:
-        return self.versions[v]
-
-
-@attrs.define
-class ExternalRequest:
-    """A request that is not under Retire (a co-tenant, or a native baseline's request)."""
-
-    request_id: str
-    prompt: tuple[int, ...]
-    salt: str | None
-    token_ids: list[int] = attrs.field(factory=list)
-    num_cached_tokens: int | None = None
-    finished: bool = False
-    finish_reason: str | None = None
-
-
-@attrs.define
-class Stats:
-    frames_published: int = 0
-    frames_dropped: int = 0
-    commits_dropped: int = 0
-    writes_allowed: int = 0
-    fences: int = 0
-    fences_deferred: int = 0
-    pins: int = 0
-    adopted_pages: int = 0
-    released_pages: int = 0
-    uncertified_hashes_evicted: int = 0
-    pages_reused: int = 0
-
-
-# --- internal bookkeeping ----------------------------------------------------------------------
-
-
-@attrs.define
-class _Req:
-    rid: str
-    scope: str
-    version: int
-    participants: tuple[str, ...]
-    salt: str
-    record: VersionRecord  # records[scope].version(version): a scope's log is never replaced
-    adopted: tuple[int, ...] = ()
-    block_ids: list[int] = attrs.field(factory=list)
-    pages: list[int] = attrs.field(factory=list)
-    handoff_pins: list[int] = attrs.field(factory=list)
-    scheduled: bool = False
-    finished: bool = False
-    closed: set[str] = attrs.field(factory=set)
-
-
-@attrs.define
-class _Chunk:
-    scope: str
-    version: int
-    token_ids: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None
-
-
-class _NullLogger:
-    def is_enabled_for(self, level: int) -> bool:
-        return False  # the core then builds no log fields at all
-
-    def info(self, *_: Any, **__: Any) -> None:
-        return None
-
-
-def json_lines_logger(stream: TextIO) -> Any:
-    """A structlog logger that writes each event as one JSON object per line (trace validation
-    reads these)."""
-    return structlog.wrap_logger(
-        structlog.WriteLogger(stream),
-        processors=[structlog.processors.JSONRenderer(default=json_default, sort_keys=False)],
-    )
 
 
 # --- the facade --------------------------------------------------------------------------------
@@ -324,18 +185,18 @@ class RetireEngine:
         self.core_log: CoreLog | None = CoreLog(path) if path is not None else None
         if self.core_log is not None:
             logger = self.core_log
-        self.retire = Retire(logger=logger if logger is not None else _NullLogger())
+        self.retire = Retire(logger=logger if logger is not None else NullLogger())
 
         self.records: dict[str, ScopeLog] = {}
         self.external: dict[str, ExternalRequest] = {}
         self.stats = Stats()
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, FacadeRequest] = {}
         self._participant_rid: dict[str, str] = {}
         self._internal: dict[str, str] = {}  # external request id -> internal id
-        self._queues: dict[str, deque[_Chunk]] = {}
+        self._queues: dict[str, deque[Chunk]] = {}
         # Frames the core has not decided yet: an engine frame's chunk (queued when published), or
         # None for a consumer or commit frame, whose caller reads its outcome from ``_outcomes``.
-        self._frames: dict[int, _Chunk | None] = {}
+        self._frames: dict[int, Chunk | None] = {}
         self._outcomes: dict[int, str] = {}  # frame -> "publish" or the drop reason
         self._frame_ids = itertools.count()
         self._salts = itertools.count()
@@ -680,7 +541,7 @@ class RetireEngine:
     def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
         refused: set[str] = set()
         events: list[Event] = []
-        frames: list[tuple[_Req, int]] = []
+        frames: list[tuple[FacadeRequest, int]] = []
         reqs = self._reqs
         new_frame = self._new_frame
         commit = FrameKind.COMMIT
@@ -761,7 +622,7 @@ class RetireEngine:
 
     # ---- frames ---------------------------------------------------------------------------------
 
-    def _new_frame(self, chunk: _Chunk | None) -> int:
+    def _new_frame(self, chunk: Chunk | None) -> int:
         """A new frame id: an engine frame carries its ``chunk``; for a consumer or commit frame
         (``None``) the outcome is kept in ``_outcomes`` for the caller."""
         fid = next(self._frame_ids)
@@ -818,7 +679,7 @@ class RetireEngine:
             rec.finish_reason = completion.finish_reason
             rec.finished_at = now
         if tokens or finished:
-            chunk = _Chunk(req.scope, req.version, tokens, finished, completion.finish_reason)
+            chunk = Chunk(req.scope, req.version, tokens, finished, completion.finish_reason)
             event = FrameArrived(req.scope, req.version, self._new_frame(chunk), FrameKind.TOKEN)
             if frames is None:
                 self._emit(event)
@@ -845,7 +706,7 @@ class RetireEngine:
                 self.engine.abort_request([rid], internal=True)
             self._close_request(req, tuple(participants))
 
-    def _close_request(self, req: _Req, participants: Sequence[str]) -> None:
+    def _close_request(self, req: FacadeRequest, participants: Sequence[str]) -> None:
         """Close the writers of the request's open pages, then deliver receipts: ranks first (each
         worker answers after any step in flight), the request last."""
         rec = req.record
@@ -872,7 +733,7 @@ class RetireEngine:
 
     # ---- pages ---------------------------------------------------------------------------------
 
-    def _retain(self, req: _Req, bid: int, position: int) -> None:
+    def _retain(self, req: FacadeRequest, bid: int, position: int) -> None:
         """The facade's side of an allocation the core accepted: the retention reference (the
         core's "held")."""
         self.ledger.retain(bid, req.scope, req.version, req.rid, position, req.salt)
@@ -931,7 +792,7 @@ class RetireEngine:
             self.ledger.unpin(p, evict=failed)  # a failed page is never a prefix hit again
             self.stats.released_pages += 1
 
-    def _release_handoff_pins(self, req: _Req) -> None:
+    def _release_handoff_pins(self, req: FacadeRequest) -> None:
         pins, req.handoff_pins = req.handoff_pins, []
         for p in pins:
             self.ledger.release_handoff(p)
@@ -1003,7 +864,9 @@ class RetireEngine:
         self._internal[external_id] = rid
         ranks = tuple(f"{rid}/rank{r}" for r in range(self.tp)) if self.tp > 1 else ()
         participants = (rid, *ranks)
-        req = _Req(rid, cmd.scope, cmd.version, participants, salt, rec, adopted=tuple(adopted))
+        req = FacadeRequest(
+            rid, cmd.scope, cmd.version, participants, salt, rec, adopted=tuple(adopted)
+        )
         req.handoff_pins = list(adopted)  # the certificate pins, now handoff pins
         self._reqs[rid] = req
         for participant in participants:
@@ -1015,12 +878,12 @@ class RetireEngine:
         for participant in participants:
             self._emit(ParticipantStarted(cmd.scope, cmd.version, participant))
 
-    def _restrict_prefix_hit(self, req: _Req) -> None:
+    def _restrict_prefix_hit(self, req: FacadeRequest) -> None:
         request = self.scheduler.requests[req.rid]
         evicted = observe.restrict_prefix_hit(self.pool, request, req.adopted)
         self.stats.uncertified_hashes_evicted += evicted
 
-    def _check_prefix_hit(self, req: _Req, ids: list[int], start: int) -> None:
+    def _check_prefix_hit(self, req: FacadeRequest, ids: list[int], start: int) -> None:
         req.record.hit_block_ids = tuple(ids[: start // self.block_size])
         observe.check_prefix_hit(req.rid, ids, start, req.adopted, self.block_size)
         self._release_handoff_pins(req)  # the successor's own references hold them now
@@ -1086,67 +949,3 @@ _HANDLERS: dict[type, Callable[[RetireEngine, Any], None]] = {
 
 
 # --- several engines sharing nothing -------------------------------------------------------------
-
-
-class RetireFleet:
-    """Several ``RetireEngine``s (each its own vLLM engine and its own core) behind one
-    ``ReplacementEngine``: a scope lives on one engine, chosen at submit time."""
-
-    def __init__(
-        self,
-        engines: Sequence[RetireEngine],
-        place: Callable[[str], int] | None = None,
-    ) -> None:
-        if not engines:
-            raise ValueError("a fleet needs at least one engine")
-        self.engines = list(engines)
-        self._place = place or (
-            lambda scope: int(hashlib.sha256(scope.encode()).hexdigest(), 16) % len(self.engines)
-        )
-        self._home: dict[str, RetireEngine] = {}
-
-    def engine_of(self, scope: str) -> RetireEngine:
-        return self._home[scope]
-
-    def submit(self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int) -> int:
-        if scope in self._home:
-            return self._home[scope].submit(scope, prompt, contract, max_tokens)  # raises
-        engine = self.engines[self._place(scope)]
-        version = engine.submit(scope, prompt, contract, max_tokens)
-        self._home[scope] = engine
-        return version
-
-    def supersede(
-        self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int
-    ) -> int:
-        return self.engine_of(scope).supersede(scope, prompt, contract, max_tokens)
-
-    def pause(self, scope: str) -> None:
-        self.engine_of(scope).pause(scope)
-
-    def unpause(self, scope: str) -> None:
-        self.engine_of(scope).unpause(scope)
-
-    def cancel(self, scope: str) -> None:
-        self.engine_of(scope).cancel(scope)
-
-    def step(self) -> None:
-        for engine in self.engines:
-            if engine.has_unfinished():
-                engine.step()
-
-    def consume(self, scope: str) -> list[Delivery]:
-        return self.engine_of(scope).consume(scope)
-
-    def has_unfinished(self) -> bool:
-        return any(e.has_unfinished() for e in self.engines)
-
-    def close(self) -> None:
-        problems = []
-        for engine in self.engines:
-            try:
-                engine.close()
-            except LeakError as err:
-                problems.append(str(err))
-        if problems:
-            raise LeakError("; ".join(problems))

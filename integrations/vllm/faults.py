@@ -43,9 +43,9 @@ def drop_references(facade: RetireEngine, block_id: int) -> int:
 def inject_frame(facade: RetireEngine, scope: str, version: int, token_ids: Sequence[int]) -> str:
     """A TOKEN frame of ``scope@version`` carrying ``token_ids``, handed to the core at the
     engine boundary; returns ``"publish"`` or the ``Drop`` reason."""
-    from .facade import _Chunk
+    from .facade_records import Chunk
 
-    chunk = _Chunk(scope, version, tuple(int(t) for t in token_ids), False, None)
+    chunk = Chunk(scope, version, tuple(int(t) for t in token_ids), False, None)
     frame = facade._new_frame(chunk)
     for cmd in facade._emit(FrameArrived(scope, version, frame, FrameKind.TOKEN)):
         if isinstance(cmd, Publish) and cmd.frame == frame:

@@ -19,7 +19,8 @@ from retire_vllm import faults
 from retire_vllm.checker import Checker, IsolationAudit
 from retire_vllm.corelog import TraceRejected
 from retire_vllm.errors import IntegrationError
-from retire_vllm.facade import RetireEngine, RetireFleet
+from retire_vllm.facade import RetireEngine
+from retire_vllm.fleet import RetireFleet
 from tests.vllm.support import (
     assert_engine_clean,
     attached,

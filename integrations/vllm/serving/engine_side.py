@@ -73,14 +73,10 @@ from retire_core import (
 
 from .. import introspect as ix
 from .. import observe
+from ..corelog import NullLogger, json_lines_logger
 from ..errors import IntegrationError, IsolationError
-from ..facade import (
-    VERIFICATION_FAILURES,
-    _NullLogger,
-    json_lines_logger,
-)
 from . import wire
-from .ledger import BlockLedger, BlockRef
+from .ledger import VERIFICATION_FAILURES, BlockLedger, BlockRef
 from .records import Admission, Histogram, ManagedRequest, ScopeInfo
 from .scope_calls import ScopeCalls
 
@@ -139,7 +135,7 @@ class EngineSide:
         self.model_id = Path(str(vcfg.model_config.model)).name
         self.dtype = str(vcfg.model_config.dtype).replace("torch.", "")
         log_path = os.environ.get(LOG_ENV)
-        logger: Any = _NullLogger()
+        logger: Any = NullLogger()
         if log_path:
             self._log_file = open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
             logger = json_lines_logger(self._log_file)

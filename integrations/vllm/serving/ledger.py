@@ -20,8 +20,13 @@ from typing import Any
 
 import attrs
 
+from retire_core import ReleaseReason
+
 from .. import introspect as ix
 from ..errors import LedgerError
+
+#: Unpin reasons that mean "the page failed verification": its hash is evicted.
+VERIFICATION_FAILURES = frozenset(ReleaseReason)
 
 
 @attrs.define

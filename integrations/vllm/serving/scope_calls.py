@@ -35,7 +35,7 @@ from retire_core.errors import ContractError, IllegalTransitionError, UnknownSco
 from retire_core.ids import check_name
 
 from .. import identity
-from ..facade import ENGINE_NUMERICAL_MODE
+from ..engine_config import ENGINE_NUMERICAL_MODE
 from . import wire
 from .records import ScopeInfo
 
