@@ -1,7 +1,7 @@
 """Generates the parts of docs/protocol.md that must never be drawn by hand.
 
-The state diagram comes from ``retire_core.table`` (every legal (state, event) pair, with the
-next state where the table determines it); the event, command, reason and invariant lists come
+The state diagram comes from ``retire_core.table`` (every legal (state, event) pair and the
+next states its entry allows); the event, command, reason and invariant lists come
 from the classes, the reason enums and the spec themselves. ``python -m retire_checks.docgen``
 rewrites the generated block between the markers in docs/protocol.md; a test fails when the
 file is stale.
@@ -15,7 +15,8 @@ import sys
 import attrs
 
 from retire_core import commands, events, reasons
-from retire_core.table import NEXT_STATE, TABLE
+from retire_core.state import ScopeState
+from retire_core.table import TABLE, Entry
 from retire_spec.invariants import INVARIANTS, QUIESCENCE
 
 BEGIN = "<!-- BEGIN GENERATED: python -m retire_checks.docgen -->"
@@ -23,22 +24,27 @@ END = "<!-- END GENERATED -->"
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 
 
-def state_diagram() -> str:
-    lines = ["```mermaid", "stateDiagram-v2", "    [*] --> active: Submit"]
-    self_loops: dict[str, list[str]] = {}
-    for (state, kind), _handler in sorted(
+def _name(state: ScopeState | None) -> str:
+    return "[*]" if state is None else state.value
+
+
+def _rows() -> list[tuple[tuple[ScopeState | None, type], Entry]]:
+    return sorted(
         TABLE.items(), key=lambda kv: (kv[0][0].value if kv[0][0] else "", kv[0][1].__name__)
-    ):
-        if state is None:
-            continue
-        nxt = NEXT_STATE.get((state, kind), state.value)
-        for target in nxt.split(" | "):
-            if target == state.value:
-                self_loops.setdefault(state.value, []).append(kind.__name__)
-            else:
-                lines.append(f"    {state.value} --> {target}: {kind.__name__}")
-    for looped, names in sorted(self_loops.items()):
-        lines.append(f"    {looped} --> {looped}: {', '.join(sorted(set(names)))}")
+    )
+
+
+def state_diagram() -> str:
+    """Every move the table allows: an arrow per (state, next state) labelled with the events
+    that can take it, a self-loop per state with the events that leave it where it is."""
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for (state, kind), entry in _rows():
+        for target in entry.next:
+            arrows.setdefault((_name(state), _name(target)), []).append(kind.__name__)
+    lines = ["```mermaid", "stateDiagram-v2"]
+    moves = sorted(arrows.items(), key=lambda kv: (kv[0][0] == kv[0][1], kv[0]))
+    for (source, dest), names in moves:
+        lines.append(f"    {source} --> {dest}: {', '.join(sorted(names))}")
     lines.append("```")
     return "\n".join(lines)
 
@@ -53,11 +59,14 @@ def _doc(cls: type) -> str:
 
 def generated() -> str:
     parts = [BEGIN, "", "### State diagram (from `retire_core/table.py`)", "", state_diagram(), ""]
-    parts += ["### Legal (state, event) pairs", "", "| state | event | handler |", "|---|---|---|"]
-    for (state, kind), handler in sorted(
-        TABLE.items(), key=lambda kv: (kv[0][0].value if kv[0][0] else "", kv[0][1].__name__)
-    ):
-        parts.append(f"| {state.value if state else '(none)'} | `{kind.__name__}` | `{handler}` |")
+    parts += ["### Legal (state, event) pairs", ""]
+    parts += ["| state | event | handler | next states |", "|---|---|---|---|"]
+    for (state, kind), entry in _rows():
+        nxt = ", ".join("(forgotten)" if s is None else s.value for s in entry.next)
+        parts.append(
+            f"| {state.value if state else '(none)'} | `{kind.__name__}` "
+            f"| `{entry.handler.__name__}` | {nxt} |"
+        )
     parts += ["", "Every other pair raises (see the error table below) and changes nothing.", ""]
     parts += ["### Events", "", "| event | fields | meaning |", "|---|---|---|"]
     for cls in (*events.SCOPE_EVENTS, *events.PAGE_EVENTS):

@@ -2,16 +2,16 @@
 
 A check that cannot fail proves nothing, so every check of this package is run against bugs it
 must find. *Core mutants* patch one decision of ``retire_core`` (``unittest.mock.patch`` on the
-gates, handoff, reclamation, a handler or a record method) and leave the spec alone: the
-explorer over the real core must find a refinement, invariant or quiescence violation.
-*Spec mutants* weaken one guard or effect of ``retire_spec.actions`` (an alternative action
-table, written in the same vocabulary, so Z3 reads it too): the spec explorer and the Z3 proofs
-must both fail on them. Hypothesis (``retire_checks.fuzz``) is run on core mutants when it is
-installed and asked for. ``judge`` runs the checks on one mutant and ``run_catalogue`` on all;
-a survivor makes the catalogue fail. Mutants name the bug kinds of issue 3 in their
-``kind``; the explorer configurations each one is judged in are small slices of the quick
-profile (a bug must show within them). What does not live here: the checks themselves
-(``explorer``, ``proofs``, ``fuzz``).
+gates, handoff, reclamation or a record method, or on the ``table.TABLE`` entries of an event:
+``_handler``) and leave the spec alone: the explorer over the real core must find a
+refinement, invariant or quiescence violation. *Spec mutants* weaken one guard or effect of
+``retire_spec.actions`` (an alternative action table, written in the same vocabulary, so Z3
+reads it too): the spec explorer and the Z3 proofs must both fail on them. Hypothesis
+(``retire_checks.fuzz``) is run on core mutants when it is installed and asked for. ``judge``
+runs the checks on one mutant and ``run_catalogue`` on all; a survivor makes the catalogue
+fail. Mutants name the bug kinds of issue 3 in their ``kind``; the explorer configurations each
+one is judged in are small slices of the quick profile (a bug must show within them). What does
+not live here: the checks themselves (``explorer``, ``proofs``, ``fuzz``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import attrs
 
 import retire_core as rc
 from retire_checks.explorer import QUICK, Config, Counterexample, explore, explore_spec
-from retire_core import connection, gates, handoff, machine, reclaim
+from retire_core import connection, gates, handlers, handoff, machine, reclaim, table
 from retire_core.state import evolve as evolve_record
 from retire_spec import actions as A
 from retire_spec.expr import Interp, Val
@@ -86,7 +86,7 @@ _verify = handoff.verify_adoption
 _release = handoff.release_certificate
 _candidates = handoff._candidates
 _reclaim = reclaim.reclaim
-_on_cancel = machine.on_cancel
+_on_cancel = handlers.on_cancel
 _certify = handoff.certify_prefix
 
 
@@ -135,7 +135,7 @@ def _paused_launch_refused(txn: Any, ev: rc.ParticipantStarted) -> None:
     rec = txn.scopes.get(ev.scope)
     if rec is not None and rec.state is rc.ScopeState.PAUSED and ev.version == rec.epoch:
         raise rc.IllegalTransitionError(rec.state.value, "ParticipantStarted", "paused")
-    machine.on_participant_started(txn, ev)
+    handlers.on_participant_started(txn, ev)
 
 
 def _pause_gate(
@@ -303,9 +303,28 @@ def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
     return lambda: mock.patch.object(target, name, value)
 
 
+def _handler(
+    event: type, fn: Callable[[Any, Any], None], also: tuple[rc.ScopeState | None, ...] = ()
+) -> Callable[[], Any]:
+    """A mutant of ``event``'s handler: every ``table.TABLE`` entry of ``event`` runs ``fn``
+    instead. ``also`` adds next states to those entries, for a bug that moves a scope where
+    the table does not allow: the table is then wrong too, so that the checks, not the
+    machine's own check of the table, must find it."""
+
+    def patch() -> Any:
+        entries = {
+            key: table.Entry(fn, (*entry.next, *(s for s in also if s not in entry.next)))
+            for key, entry in table.TABLE.items()
+            if key[1] is event
+        }
+        return table.TABLE.patched(entries)
+
+    return patch
+
+
 # --- command mutants: the core decides right but tells the engine something else ----------------
 
-_apply = machine._apply
+_dispatch = machine.dispatch
 _run_batch = machine.run_batch
 
 
@@ -327,11 +346,11 @@ def _commands(edit: Callable[[Any, Any], list[Any]]) -> Callable[[], Any]:
     left alone, so only the check of the commands against the engine's books can see it."""
 
     def apply(txn: Any, event: Any) -> None:
-        _apply(txn, event)
+        _dispatch(txn, event)
         if txn.commands:
             txn.commands[:] = edit(txn, list(txn.commands))
 
-    return _p(machine, "_apply", apply)
+    return _p(machine, "dispatch", apply)
 
 
 def _without(cls: type) -> Callable[[], Any]:
@@ -385,7 +404,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the publication gate forgets the version check for token frames",
         (_C["chain"],),
-        _p(machine, "publication_gate", _stale_gate(rc.FrameKind.TOKEN)),
+        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.TOKEN)),
     ),
     Mutant(
         "stale_commit_applied",
@@ -393,7 +412,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the scheduler commit gate forgets the version check",
         (_C["control"],),
-        _p(machine, "publication_gate", _stale_gate(rc.FrameKind.COMMIT)),
+        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.COMMIT)),
     ),
     Mutant(
         "stale_state_installed",
@@ -401,7 +420,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the state install gate forgets the version check",
         (_C["control"],),
-        _p(machine, "publication_gate", _stale_gate(rc.FrameKind.INSTALL)),
+        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.INSTALL)),
     ),
     Mutant(
         "cancelled_scope_publishes",
@@ -409,7 +428,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "frames of a cancelled scope's last version still publish",
         (_C["control"],),
-        _p(machine, "publication_gate", _cancelled_gate),
+        _p(handlers, "publication_gate", _cancelled_gate),
     ),
     Mutant(
         "open_writer_page_adopted",
@@ -441,7 +460,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "a recycled block id keeps its ownership generation",
         (_C["chain"],),
-        _p(machine, "on_page_reused", _reused_without_new_generation),
+        _handler(rc.PageReused, _reused_without_new_generation),
     ),
     Mutant(
         "generation_ignored",
@@ -481,7 +500,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the write gate lets any version of the owning scope write an open page",
         (_C["chain"],),
-        _p(machine, "write_gate", _write_gate_ignoring("version")),
+        _p(handlers, "write_gate", _write_gate_ignoring("version")),
     ),
     Mutant(
         "cross_tenant_write",
@@ -489,7 +508,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the write gate lets any scope write an open page of the same version number",
         (_C["tenants"],),
-        _p(machine, "write_gate", _write_gate_ignoring("owner")),
+        _p(handlers, "write_gate", _write_gate_ignoring("owner")),
     ),
     Mutant(
         "closed_on_partial_receipts",
@@ -505,7 +524,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the publication gate drops frames of a paused scope's current version",
         (_C["control"],),
-        _p(machine, "publication_gate", _pause_gate),
+        _p(handlers, "publication_gate", _pause_gate),
     ),
     Mutant(
         "cancel_creates_successor",
@@ -513,7 +532,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "cancel moves the scope to a new, admitted version",
         (_C["control"],),
-        lambda: mock.patch.dict(machine._SCOPE_HANDLERS, {"on_cancel": _cancel_with_successor}),
+        _handler(rc.Cancel, _cancel_with_successor),
     ),
     Mutant(
         "chain_collapse_leaks_pins",
@@ -666,7 +685,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "frames of a version that ran to its end still publish",
         (_C["control"],),
-        _p(machine, "publication_gate", _finished_gate),
+        _p(handlers, "publication_gate", _finished_gate),
     ),
     Mutant(
         "finished_version_keeps_pages",
@@ -682,9 +701,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "a version reported finished while a participant of it still runs is not fenced",
         (_C["control"],),
-        lambda: mock.patch.dict(
-            machine._SCOPE_HANDLERS, {"on_version_finished": _finish_without_fence}
-        ),
+        _handler(rc.VersionFinished, _finish_without_fence),
     ),
     Mutant(
         "release_to_cache_dropped",
@@ -700,7 +717,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "Forget logs the scope as forgotten but keeps its record: the id can never open again",
         (),
-        lambda: mock.patch.dict(machine._SCOPE_HANDLERS, {"on_forget": _forget_keeping_record}),
+        _handler(rc.Forget, _forget_keeping_record, also=(rc.ScopeState.CANCELLED,)),
         judged_by=("hypothesis",),
     ),
     Mutant(
@@ -710,9 +727,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "an admitted request that reaches the engine after a pause overtook it is refused (the "
         "engine core would fail in add_request)",
         (_C["control"],),
-        lambda: mock.patch.dict(
-            machine._SCOPE_HANDLERS, {"on_participant_started": _paused_launch_refused}
-        ),
+        _handler(rc.ParticipantStarted, _paused_launch_refused),
     ),
     Mutant(
         "cold_successor_pins",

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 #: The protocol modules ``make mutation`` covers (issue 14), in the order they are reported.
-MODULES = ("gates", "handoff", "reclaim", "table", "ledger", "machine", "txn")
+MODULES = ("gates", "handoff", "reclaim", "table", "ledger", "handlers", "machine", "txn")
 
 KILLED = frozenset({1, 3, 24, -24, 36, 152, 255, -9, -11})  # failed, timed out or crashed
 SURVIVED = 0

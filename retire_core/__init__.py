@@ -3,12 +3,12 @@
 The engine hands ``Retire.handle`` an event (``events``) and carries out the commands it returns
 (``commands``); the pure function behind it is ``machine.step``. ``Retire.handle_batch`` (pure:
 ``machine.step_many``) takes several events at once with exactly the same outcome as one by one,
-all or nothing, paying the per-call cost once. Where each rule lives:
-publication and write isolation in ``gates``, ALIGN/RESUME (versioned handoff) in ``handoff``,
-RECLAIM in ``reclaim``, late-event classification in ``ledger``, the legal (state, event) pairs
-in ``table``, the reasons a drop, fence or unpin carries in ``reasons``. This package never
-imports vllm, torch, threads, clocks or I/O, and does not depend on the spec: ``retire_checks``
-maps its state onto the spec's to check refinement.
+all or nothing, paying the per-call cost once. Where each rule lives: publication and write
+isolation in ``gates``, ALIGN/RESUME (versioned handoff) in ``handoff``, RECLAIM in ``reclaim``,
+late-event classification in ``ledger``, the legal (state, event) pairs with their handler
+(``handlers``) and allowed next states in ``table``, the reasons a drop, fence or unpin carries
+in ``reasons``. This package never imports vllm, torch, threads, clocks or I/O, and does not
+depend on the spec: ``retire_checks`` maps its state onto the spec's to check refinement.
 """
 
 from retire_core.commands import (
@@ -42,6 +42,7 @@ from retire_core.errors import (
     RetireError,
     ScopeCancelledError,
     ScopeExistsError,
+    TableViolationError,
     UnknownPageError,
     UnknownParticipantError,
     UnknownScopeError,
@@ -129,6 +130,7 @@ __all__ = [
     "Step",
     "Submit",
     "Supersede",
+    "TableViolationError",
     "Transition",
     "UnknownPageError",
     "UnknownParticipantError",

@@ -23,7 +23,7 @@ import structlog
 
 from retire_core.commands import Command
 from retire_core.events import Event
-from retire_core.machine import _apply, run_batch
+from retire_core.machine import dispatch, run_batch
 from retire_core.state import CoreState, ScopeRecord
 from retire_core.transitions import Transition
 from retire_core.txn import Txn
@@ -88,7 +88,7 @@ class Retire:
     def handle(self, event: Event) -> list[Command]:
         """Apply one event. Raises a ``RetireError`` (and changes nothing) on bad input."""
         txn = Txn(self._state)  # ``machine.step``, without building a ``Step``
-        _apply(txn, event)
+        dispatch(txn, event)
         self._state = txn.freeze()
         transitions = txn.transitions
         if transitions:

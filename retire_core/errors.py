@@ -73,3 +73,18 @@ class ContractError(RetireError, ValueError):
 
 class ReportMismatchError(RetireError):
     """An adoption report that does not cover exactly the pages of the pending certificate."""
+
+
+class TableViolationError(Exception):
+    """A handler left its scope in a state its ``table.TABLE`` entry does not allow: a bug in
+    the core, not bad input (so not a ``RetireError``). The step is discarded, as any failed
+    step is: the core's state is unchanged."""
+
+    def __init__(self, state: str, event: str, after: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(
+            f"{event} in state {state} left the scope {after}; the table allows "
+            + " | ".join(allowed)
+        )
+        self.state = state
+        self.event = event
+        self.after = after

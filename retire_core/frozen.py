@@ -11,6 +11,7 @@ lives here.
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from immutables import Map
@@ -20,17 +21,20 @@ V = TypeVar("V")
 
 
 class FrozenMap(Mapping[K, V], Generic[K, V]):
-    __slots__ = ("_d", "_h")
+    __slots__ = ("_d", "_h", "_view")
 
     def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
         self._d: dict[K, V] = dict(items)
         self._h: int | None = None
+        # a read-only view of ``_d`` (``MappingProxyType``), made once, on first use
+        self._view: Mapping[K, V] | None = None
 
     @classmethod
     def _own(cls, d: dict[K, V]) -> FrozenMap[K, V]:
         m: FrozenMap[K, V] = cls.__new__(cls)
         m._d = d
         m._h = None
+        m._view = None
         return m
 
     def __getitem__(self, key: K) -> V:
@@ -85,6 +89,13 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
         d = dict(self._d)
         del d[key]
         return FrozenMap._own(d)
+
+    def view(self) -> Mapping[K, V]:
+        """The map's entries, read-only, at dict speed (``Txn``'s read view of a frozen map)."""
+        view = self._view
+        if view is None:
+            view = self._view = MappingProxyType(self._d)
+        return view
 
     def thaw(self) -> dict[K, V]:
         """A mutable copy, for building the next state inside one step."""

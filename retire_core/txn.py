@@ -12,6 +12,7 @@ Protocol rules do not live here; only the bookkeeping of one step does.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from immutables import MapMutation
@@ -20,9 +21,7 @@ from retire_core.commands import Command
 from retire_core.frozen import FrozenMap, PageMap
 from retire_core.ids import PageId, ScopeId, Version
 from retire_core.state import CoreState, PageIndex, PageRecord, ScopeRecord
-from retire_core.transitions import Stage, Transition
-
-_tuple_new = tuple.__new__
+from retire_core.transitions import Stage, Transition, transition
 
 
 class PageDict:
@@ -188,9 +187,10 @@ class Txn:
         self._generations: MapMutation[PageId, int] | None = None
         self._ledger: list[tuple[ScopeId, Version]] | None = None
         self._built: PageIndex | None = None  # the index of a state that came without one
-        # Read views: the frozen maps until a map is thawed, the thawed one after. Never write
-        # through these (writes go through ``scopes`` / ``pages``).
-        self.rscopes: Mapping[ScopeId, ScopeRecord] = state.scopes._d
+        # Read views: the frozen maps until a map is thawed, the thawed one after. Writes go
+        # through ``scopes`` / ``pages``; the scopes' view is read-only (a ``MappingProxyType``:
+        # C-level reads, no write path into the old state).
+        self.rscopes: Mapping[ScopeId, ScopeRecord] = state.scopes.view()
         self.rpages: Mapping[PageId, PageRecord] | PageDict = state.pages
         self.commands: list[Command] = []
         self.transitions: list[Transition] = []
@@ -209,7 +209,7 @@ class Txn:
         d = self._scopes
         if d is None:
             d = self._scopes = self.state.scopes.thaw()
-            self.rscopes = d
+            self.rscopes = MappingProxyType(d)
         return d
 
     @property
@@ -290,17 +290,14 @@ class Txn:
         **args: Any,
     ) -> None:
         self.transitions.append(
-            _tuple_new(
-                Transition,
-                (
-                    action,
-                    stage,
-                    scope,
-                    version,
-                    tuple(args.items()),
-                    tuple(changed.items()) if changed else (),
-                    reason,
-                ),
+            transition(
+                action,
+                stage,
+                scope,
+                version,
+                tuple(args.items()),
+                tuple(changed.items()) if changed else (),
+                reason,
             )
         )
 
@@ -318,9 +315,7 @@ class Txn:
         **dict(more))``, the same transition without building keyword dicts: ALIGN, RESUME and
         RECLAIM take one or two per page, so a revision of a long context takes thousands."""
         args = (("page", page), *more)
-        self.transitions.append(
-            _tuple_new(Transition, (action, stage, scope, version, args, changed, None))
-        )
+        self.transitions.append(transition(action, stage, scope, version, args, changed))
 
     def emit(self, command: Command) -> None:
         self.commands.append(command)

@@ -13,7 +13,10 @@ import retire_core as rc
 from retire_checks import lockstep, mutants
 from retire_checks.engine import COMMANDS_CHECKED
 from retire_checks.explorer import QUICK, explore_spec
-from retire_core import gates, handoff, machine
+from retire_core import gates, handlers, handoff, table
+
+TABLE_BEFORE = dict(table.TABLE)
+ROWS_BEFORE = {k: dict(v) for k, v in table.TABLE.rows.items()}
 
 REQUIRED_KINDS = {
     "stale publication (token)",
@@ -104,8 +107,9 @@ def test_mutant_is_killed(name: str) -> None:
     if verdict.mutant.level == "spec":
         assert "z3" in verdict.killed_by
     # the patch is undone afterwards
-    assert machine.publication_gate is gates.publication_gate
-    assert machine.write_gate is gates.write_gate
+    assert handlers.publication_gate is gates.publication_gate
+    assert handlers.write_gate is gates.write_gate
+    assert dict(table.TABLE) == TABLE_BEFORE and table.TABLE.rows == ROWS_BEFORE
     assert handoff.verify_adoption is mutants._verify
 
 

@@ -82,3 +82,18 @@ def test_a_frozen_map_pickles_as_its_items() -> None:
     hash(m)
     back = pickle.loads(pickle.dumps(m))
     assert back == m and back._h is None and list(back) == ["x", "y"]
+
+
+def test_a_txn_has_no_write_path_into_the_state_it_reads() -> None:
+    """``Txn.rscopes`` is a read-only view, of the frozen state's scopes and later of the
+    step's own copy; writes go through ``Txn.scopes``, which thaws a copy first."""
+    from retire_core.txn import Txn
+
+    state = rc.step(rc.CoreState(), rc.Submit("s0", "t0", "0", (1,))).state
+    txn = Txn(state)
+    with pytest.raises(TypeError):
+        txn.rscopes["s1"] = state.scopes["s0"]  # type: ignore[index]
+    txn.scopes["s1"] = state.scopes["s0"]
+    with pytest.raises(TypeError):
+        del txn.rscopes["s0"]  # type: ignore[attr-defined]
+    assert "s1" in txn.rscopes and "s1" not in state.scopes

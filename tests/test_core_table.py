@@ -1,4 +1,5 @@
-"""The transition table, enumerated: every scope state times every scope event kind."""
+"""The transition table, enumerated: every scope state times every event kind, each legal step
+ending in a next state its entry allows, and a handler that leaves them refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 import retire_core as rc
-from retire_core.events import SCOPE_EVENTS
+from retire_core import handlers, table
+from retire_core.events import PAGE_EVENTS, SCOPE_EVENTS
 from retire_core.table import TABLE
 from retire_spec.actions import ActionInstance as A
 from tests.helpers import UNI, lockstep_at
@@ -73,11 +75,68 @@ CASES = list(itertools.product(STATES, SCOPE_EVENTS))
 
 
 def test_table_covers_every_pair_it_names() -> None:
-    for (state, kind), handler in TABLE.items():
+    states = (None, *rc.ScopeState)
+    for (state, kind), entry in TABLE.items():
         assert state in STATES.values()
-        assert kind in SCOPE_EVENTS
-        assert handler.startswith("on_")
+        assert kind in SCOPE_EVENTS or kind in PAGE_EVENTS
+        assert entry.handler is getattr(handlers, entry.handler.__name__)
+        assert entry.handler.__name__.startswith("on_")
+        assert entry.next and len(set(entry.next)) == len(entry.next)
+        assert all(s in states for s in entry.next)
+    # a page event is keyed on its page's owner: legal in every state of a submitted scope
+    for kind in PAGE_EVENTS:
+        assert {s for s, k in TABLE if k is kind} == set(rc.ScopeState)
     assert len(CASES) == len(STATES) * len(SCOPE_EVENTS) == 78
+
+
+def test_the_next_states_are_the_moves_the_handlers_make() -> None:
+    """Where a scope can go: ALIGN completes on the revision itself, a receipt, a writer
+    closing and the byte check; only a cancelled scope is forgotten."""
+    moves = {
+        (state, kind, target)
+        for (state, kind), entry in TABLE.items()
+        for target in entry.next
+        if target is not state
+    }
+    A, L, P, C, F = (
+        rc.ScopeState.ACTIVE,
+        rc.ScopeState.ALIGNING,
+        rc.ScopeState.PAUSED,
+        rc.ScopeState.CANCELLED,
+        rc.ScopeState.FINISHED,
+    )
+    assert moves == {
+        (None, rc.Submit, A),
+        *((s, rc.Supersede, t) for s in (A, L, P, F) for t in (L, A) if t is not s),
+        *((s, rc.Cancel, C) for s in (A, L, P, F)),
+        (A, rc.Pause, P),
+        (P, rc.Unpause, A),
+        (A, rc.VersionFinished, F),
+        (P, rc.VersionFinished, F),
+        (C, rc.Forget, None),
+        (L, rc.Receipt, A),
+        (L, rc.AdoptionReport, A),
+        (L, rc.WriterClosed, A),
+    }
+
+
+def test_a_writer_closing_completes_align() -> None:
+    """The exit the old docs-only table missed: the prefix waits for its last open writer, and
+    too short a prefix for the contract then admits the successor cold."""
+    state = rc.step_many(
+        rc.CoreState(),
+        [
+            rc.Submit("s0", "t0", "0", (1, 2)),
+            rc.ParticipantStarted("s0", 0, "q"),
+            rc.PageAllocated("s0", 0, "q", 7, 0),
+            rc.WriteAttempted("s0", 0, "q", 7, True),
+            rc.Supersede("s0", (1, 5), rc.Contract(min_reuse_blocks=2)),
+        ],
+    ).state
+    assert state.scopes["s0"].state is rc.ScopeState.ALIGNING
+    result = rc.step(state, rc.WriterClosed(7, "d7"))
+    assert result.state.scopes["s0"].state is rc.ScopeState.ACTIVE
+    assert [t.action for t in result.transitions] == ["close_writer", "resume"]
 
 
 @pytest.mark.parametrize(("state_name", "kind"), CASES, ids=[f"{s}-{k.__name__}" for s, k in CASES])
@@ -109,6 +168,8 @@ def test_every_state_event_pair(state_name: str, kind: type) -> None:
         )
         return
     assert legal, f"{kind.__name__} was accepted in state {state_name}"
+    after = result.state.scopes.get("s0")
+    assert (after.state if after else None) in TABLE[(STATES[state_name], kind)].next
     # A legal step must be a spec step: replay it through the lock-step harness.
     ls.feed(event, None)
     assert ls.core == result.state
@@ -154,3 +215,39 @@ def test_a_forgotten_scope_is_unknown_and_its_id_opens_a_new_scope() -> None:
         rc.step(ls.core, rc.Cancel("s0"))
     ls.env(A("open", (0, (1, 3), True)))
     assert ls.core.scopes["s0"].epoch == 0 and ls.core.scopes["s0"].state is rc.ScopeState.ACTIVE
+
+
+def _paused_anyway(txn: Any, ev: Any) -> None:
+    handlers.on_frame(txn, ev)
+    handlers.on_pause(txn, rc.Pause(ev.scope))  # a bug: a frame moves the scope
+
+
+def test_a_handler_leaving_its_allowed_states_is_refused_and_changes_nothing() -> None:
+    """A handler that moves its scope where its table entry does not allow raises a
+    ``TableViolationError`` (a bug of the core, not bad input) and the step is discarded: in
+    ``step``, ``step_many`` and both ``Retire`` paths, the batch all or nothing."""
+    core = rc.Retire(state=lockstep_at("active").core)
+    before = core.state
+    frame = rc.FrameArrived("s0", 0, 0, rc.FrameKind.TOKEN)
+    assert rc.step(before, frame).state.scopes["s0"].state is rc.ScopeState.ACTIVE
+    key = (rc.ScopeState.ACTIVE, rc.FrameArrived)
+    bad = {key: table.Entry(_paused_anyway, TABLE[key].next)}
+    with TABLE.patched(bad):
+        with pytest.raises(rc.TableViolationError) as err:
+            rc.step(before, frame)
+        assert str(err.value) == (
+            "FrameArrived in state active left the scope paused; the table allows active"
+        )
+        assert not isinstance(err.value, rc.RetireError)
+        with pytest.raises(rc.TableViolationError):
+            rc.step_many(before, [rc.Pause("s0"), rc.Unpause("s0"), frame])
+        with pytest.raises(rc.TableViolationError):
+            core.handle(frame)
+        with pytest.raises(rc.TableViolationError):
+            core.handle_batch([rc.Pause("s0"), rc.Unpause("s0"), frame])
+        assert core.state is before
+    # the same handler, once the table allows the move, is taken as written
+    allowed = table.Entry(_paused_anyway, (*TABLE[key].next, rc.ScopeState.PAUSED))
+    with TABLE.patched({key: allowed}):
+        assert rc.step(before, frame).state.scopes["s0"].state is rc.ScopeState.PAUSED
+    assert TABLE[key].handler is handlers.on_frame  # restored
