@@ -15,7 +15,9 @@ from hypothesis import Phase, given, settings
 
 import retire_core as rc
 from retire_checks.event_fuzz import FAMILIES, FuzzFailure, Plan, Tally, run_trace
-from retire_core import machine
+from retire_checks.mutants import _handler
+from retire_core import handlers
+from retire_core.events import PAGE_EVENTS, SCOPE_EVENTS
 from retire_core.state import evolve
 
 EXAMPLES = 60
@@ -53,7 +55,7 @@ def test_a_hundred_thousand_hostile_events_are_refused_cleanly() -> None:
     assert tally.traces == EXAMPLES
     assert tally.events >= 100_000, tally.events
     # Deep enough: every event type was accepted, every kind of refusal and command was met.
-    assert set(tally.accepted_types) == {cls.__name__ for cls in machine._EVENT_TYPES}
+    assert set(tally.accepted_types) == {cls.__name__ for cls in (*SCOPE_EVENTS, *PAGE_EVENTS)}
     refused = {name for name in tally.refused if not name.startswith("build:")}
     assert refused >= {
         e.__name__
@@ -93,19 +95,17 @@ def test_a_hundred_thousand_hostile_events_are_refused_cleanly() -> None:
 
 # --- mutants: the fuzzer must catch each ----------------------------------------------------
 
-_REAL = dict(machine._SCOPE_HANDLERS)
-
 
 def _receipt_leaking_key_error(txn: Any, ev: Any) -> None:
     try:
-        _REAL["on_receipt"](txn, ev)
+        handlers.on_receipt(txn, ev)
     except rc.RetireError as err:
         raise KeyError(ev.participant) from err  # a lookup that escapes untyped
 
 
 def _frame_dirtying_state(txn: Any, ev: Any) -> None:
     try:
-        _REAL["on_frame"](txn, ev)
+        handlers.on_frame(txn, ev)
     except rc.RetireError:
         scopes = txn.state.scopes  # the caller's state, changed in place before refusing
         if ev.scope in scopes:
@@ -122,13 +122,11 @@ def _batch_one_by_one(self: rc.Retire, events: Any) -> list[rc.Command]:
 
 MUTANTS: dict[str, tuple[Any, str]] = {
     "untyped_error": (
-        lambda: mock.patch.dict(
-            machine._SCOPE_HANDLERS, {"on_receipt": _receipt_leaking_key_error}
-        ),
+        _handler(rc.Receipt, _receipt_leaking_key_error),
         "untyped KeyError",
     ),
     "dirty_refusal": (
-        lambda: mock.patch.dict(machine._SCOPE_HANDLERS, {"on_frame": _frame_dirtying_state}),
+        _handler(rc.FrameArrived, _frame_dirtying_state),
         "changed the state in place",
     ),
     "partial_batch": (
