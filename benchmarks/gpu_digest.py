@@ -25,21 +25,21 @@ from retire_vllm import kv_digest as kd
 VLLM_LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 
 
-def _vllm_layer(values: Any, name: str) -> Any:
-    """Layer 0 of a two-layer cache allocated in ``name``'s stride order (as vLLM 0.32 does)."""
-    import torch
-    from vllm.v1.kv_cache_layout import KVCacheLayout
-
-    order = KVCacheLayout[name].stride_order
-    physical = torch.stack([values, values]).permute(*order).contiguous()
-    return physical.permute(*[order.index(i) for i in range(5)])[0]
-
-
-def _legacy_layer(values: Any, name: str) -> Any:
+def layer_in_layout(values: Any, name: str, layers: int = 2, layer: int = 0) -> Any:
+    """One layer's KV cache holding ``values`` (logical ``[B, H, N, 2 * D]``, K then V) in layout
+    ``name`` of :data:`~retire_vllm.kv_digest.LAYOUTS`. vLLM 0.32 layouts: layer ``layer`` of a
+    ``[L, B, H, N, C]`` allocation in that stride order (the name spells it: ``BLHNC`` puts ``B``
+    outermost), the other layers holding other values; older shapes: a contiguous tensor."""
     import torch
 
+    if name in VLLM_LAYOUTS:
+        order = tuple("LBHNC".index(c) for c in name)
+        logical = torch.stack([values + i for i in range(layers)])
+        logical[layer] = values
+        physical = logical.permute(*order).contiguous()
+        return physical.permute(*[order.index(i) for i in range(5)])[layer]
     d = values.shape[-1] // 2
-    k, v = values[..., :d].transpose(1, 2), values[..., d:].transpose(1, 2)
+    k, v = values[..., :d].transpose(1, 2), values[..., d:].transpose(1, 2)  # [B, N, H, D]
     if name == "flash_attn_kv_first":
         return torch.stack([k, v]).contiguous()
     if name == "flashinfer_block_first":
@@ -84,10 +84,7 @@ def run(
     family_digests: dict[str, set[tuple[str, ...]]] = {"vllm": set(), "legacy": set()}
     ok = True
     for name in kd.LAYOUTS:
-        if name in VLLM_LAYOUTS:
-            caches = [_vllm_layer(v, name).to(device) for v in values]
-        else:
-            caches = [_legacy_layer(v, name).to(device) for v in values]
+        caches = [layer_in_layout(v.to(device), name) for v in values]
         dev = kd.block_digests(caches, ids, engine="torch")
         ref = kd.host_reference_digests(caches, ids)
         if name != "mla":

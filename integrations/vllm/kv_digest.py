@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 #: int64 values per block per layer that reach the host.
 LANES = 3
 #: Per device type: about how many int32 words of blocks one pass reduces.
-CHUNK_WORDS = {"cpu": 1 << 15, "cuda": 1 << 26}
+CHUNK_WORDS = {"cpu": 1 << 15, "cuda": 1 << 22}
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,8 @@ def block_lanes(
     out = []
     for i in range(0, len(ids), step):
         index = torch.as_tensor(ids[i : i + step], dtype=torch.long, device=t.device)
-        blocks = view.index_select(0, index).contiguous()
-        raw = blocks.reshape(len(index), -1).view(torch.uint8)
+        gathered = view.index_select(0, index).contiguous()  # on the device, these blocks only
+        raw = gathered.reshape(len(index), -1).view(torch.uint8)
         if raw.shape[1] % 4:
             raw = torch.nn.functional.pad(raw, (0, 4 - raw.shape[1] % 4))
         out.append(_lanes_torch(raw.contiguous().view(torch.int32).to(torch.int64)))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from retire_bench.gpu_digest import layer_in_layout
 from retire_vllm import introspect as ix
 from retire_vllm import kv_digest as kd
 
@@ -26,30 +27,9 @@ def _values(dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     return torch.randn(B, H, N, 2 * D, generator=g).to(dtype)
 
 
-def _vllm_layer(values: torch.Tensor, name: str, layers: int = 2, layer: int = 1) -> torch.Tensor:
-    """Layer ``layer`` of a ``[L, B, H, N, C]`` cache stored in ``name``'s stride order, as vLLM
-    0.32 allocates it: the per-layer view is ``[B, H, N, C]`` with that layout's strides."""
-    from vllm.v1.kv_cache_layout import KVCacheLayout
-
-    order = KVCacheLayout[name].stride_order
-    logical = torch.stack([values + i for i in range(layers)]) if layers > 1 else values[None]
-    logical[layer] = values
-    physical = logical.permute(*order).contiguous()
-    inverse = [order.index(i) for i in range(5)]
-    return physical.permute(*inverse)[layer]
-
-
-def _legacy_layer(values: torch.Tensor, name: str) -> torch.Tensor:
-    """The same K/V in the K/V-first ``[2, B, N, H, D]`` or block-first ``[B, 2, N, H, D]``
-    shape of older GPU backends."""
-    k, v = values[..., :D].transpose(1, 2), values[..., D:].transpose(1, 2)  # [B, N, H, D]
-    if name == "flash_attn_kv_first":
-        return torch.stack([k, v]).contiguous()
-    return torch.stack([k, v], dim=1).contiguous()
-
-
 def _layer(values: torch.Tensor, name: str) -> torch.Tensor:
-    return _legacy_layer(values, name) if name in LEGACY else _vllm_layer(values, name)
+    """Layer 1 of a two-layer cache in layout ``name`` (stride-ordered as vLLM allocates it)."""
+    return layer_in_layout(values, name, layers=2, layer=1)  # type: ignore[no-any-return]
 
 
 def test_the_layout_table_matches_vllm() -> None:
@@ -58,11 +38,12 @@ def test_the_layout_table_matches_vllm() -> None:
     assert {m.name for m in KVCacheLayout} == set(VLLM_LAYOUTS)
     for name in VLLM_LAYOUTS:
         assert kd.LAYOUTS[name].stride_order == KVCacheLayout[name].layer_view_order
-        t = _vllm_layer(_values(torch.float32), name)
+        assert tuple("LBHNC".index(c) for c in name) == KVCacheLayout[name].stride_order
+        t = _layer(_values(torch.float32), name)
         assert kd.block_axis(tuple(t.shape), B) == kd.LAYOUTS[name].block_axis == 0
         assert t.is_contiguous() == (name == "LBHNC")  # the others are stride-ordered views
     for name in LEGACY:
-        t = _legacy_layer(_values(torch.float32), name)
+        t = _layer(_values(torch.float32), name)
         assert kd.block_axis(tuple(t.shape), B) == kd.LAYOUTS[name].block_axis
     assert kd.block_axis((B, N, D), B) == kd.LAYOUTS["mla"].block_axis
     assert kd.block_axis((3, B, N), B) is None and kd.block_axis((B,), B) is None
