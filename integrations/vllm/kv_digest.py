@@ -196,11 +196,26 @@ def block_digests(
     layers: Sequence[torch.Tensor], block_ids: Sequence[int], *, engine: str | None = None
 ) -> dict[int, str]:
     """xxh3-128 hex digest per block over every layer's lanes and logical block shape, in layer
-    order; one small device-to-host copy per layer (``engine``: see :func:`block_lanes`)."""
+    order; one small device-to-host copy per layer (``engine``: see :func:`block_lanes`). KV
+    tensors in host memory (the CPU backend) are hashed as bytes where they lie (``"bytes"``,
+    their default): the lanes exist to avoid copying blocks off a device, and on a CPU they cost
+    about 100x more than xxh3 over the block's bytes (0.25 ms against 2 us per 16 KiB block)."""
     ids = [int(b) for b in block_ids]
     if not ids:
         return {}
     hashers = [xxhash.xxh3_128() for _ in ids]
+    if engine is None and all(t.device.type == "cpu" for t in layers):
+        engine = "bytes"
+    if engine == "bytes":
+        import torch
+
+        for t in layers:
+            head = _head(t)
+            for h, bid in zip(hashers, ids, strict=True):
+                block = select_block(t, bid).contiguous().reshape(-1).view(torch.uint8)
+                h.update(head)
+                h.update(block.numpy().data)
+        return {bid: h.hexdigest() for bid, h in zip(ids, hashers, strict=True)}
     for t in layers:
         lanes = block_lanes(t, ids, engine=engine).cpu().numpy()
         head = _head(t)
