@@ -274,6 +274,18 @@ HOOKS: Final[tuple[Hook, ...]] = (
         "(b) layout LBHNC",
     ),
     Hook("vllm.v1.kv_cache_layout", "KVCacheLayout.LBHNC", _M, use="(b)"),
+    # GPU layouts read by kv_digest.LAYOUTS: every one a [B, H, N, C] view per layer
+    *(
+        Hook("vllm.v1.kv_cache_layout", f"KVCacheLayout.{name}", _M, use="(b) GPU layout")
+        for name in ("LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+    ),
+    Hook(
+        "vllm.v1.worker.utils",
+        "allocate_kv_cache",
+        _C,
+        ("kv_cache_config", "device", "layout", "kernel_block_sizes"),
+        "(b) [B, H, N, C] views",
+    ),
     # --- output path (e) ------------------------------------------------------------------------
     Hook(
         _OUT,

@@ -2,25 +2,24 @@
 
 Every path into vLLM's private objects that the integration uses is written down here once:
 from an ``LLMEngine`` built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` to its ``EngineCore``,
-scheduler, KV cache manager, block pool and CPU model runner; a running request's block ids and
-block hashes; an xxh3-128 digest of one KV block's bytes (all layers, K and V) and an in-place
-corruption of those bytes (fault injection); pinning cached blocks with ``BlockPool.touch`` and
-releasing them with ``BlockPool.free_blocks``; and a spy on ``BlockPool.get_new_blocks`` that
-keeps an ownership generation per block id.  Worker-side helpers (``worker_*``) take the vLLM
-worker object and are also usable through ``collective_rpc`` in multi-process executors.  The
-symbols relied on are listed (and checked) in :mod:`.hooks`; findings are in
-``docs/vllm_research.md``.
+scheduler, KV cache manager, block pool and model runner; a running request's block ids and
+block hashes; a digest of one KV block's bytes (all layers, K and V; computed on the KV tensors'
+device, any GPU layout: :mod:`.kv_digest`) and an in-place corruption of those bytes (fault
+injection); pinning cached blocks with ``BlockPool.touch`` and releasing them with
+``BlockPool.free_blocks``; and a spy on ``BlockPool.get_new_blocks`` that keeps an ownership
+generation per block id.  Worker-side helpers (``worker_*``) take the vLLM worker object and are
+also usable through ``collective_rpc`` in multi-process executors.  The symbols relied on are
+listed (and checked) in :mod:`.hooks`; findings are in ``docs/vllm_research.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import xxhash
+from . import kv_digest
 
 if TYPE_CHECKING:
     import torch
@@ -227,79 +226,39 @@ def driver_worker(engine: LLMEngine) -> Any:
 def kv_caches(worker: Any) -> list[torch.Tensor]:
     """Per-layer KV tensors of a worker, layer order.
 
-    CPU layout (``CPUAttentionBackend``, layout ``LBHNC``): one tensor per attention layer of shape
-    ``[num_blocks, num_kv_heads_per_rank, block_size, 2 * head_size]``; ``t[block_id]`` is one
-    block, and within it the view ``[H, 2 * block_size, head_size]`` holds K in rows
-    ``[:block_size]`` and V in rows ``[block_size:]``.
+    vLLM 0.32 gives every attention layer a logical view ``[num_blocks, num_kv_heads_per_rank,
+    block_size, 2 * head_size]`` (K and V side by side) whose strides follow the backend's
+    ``KVCacheLayout`` (CPU: ``LBHNC``, contiguous); ``t[block_id]`` is one block. The layouts
+    read are listed in :data:`.kv_digest.LAYOUTS`.
     """
     return list(worker.model_runner.kv_caches)
 
 
-#: Per worker: which KV tensors (object id, data address) its byte views were built from, and
-#: the views (they keep those tensors alive, so an id cannot be reused while it is cached).
-_LAYER_VIEWS: weakref.WeakKeyDictionary[Any, tuple[tuple[tuple[int, int], ...], list[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _layer_bytes(worker: Any) -> list[Any]:
-    """Each layer's KV tensor as a ``[num_blocks, bytes per block]`` uint8 numpy view (no copy:
-    the CPU cache tensors are contiguous), so that a block's bytes are one row.  The views are
-    reused while the worker's KV tensors stay the same (building them costs more than
-    digesting a block); a non-contiguous tensor is copied, so its view is never kept."""
-    caches = kv_caches(worker)
-    key = tuple((id(t), t.data_ptr()) for t in caches)
-    kept = _LAYER_VIEWS.get(worker)
-    if kept is not None and kept[0] == key:
-        return kept[1]
-    import torch
-
-    out = []
-    views = True
-    for t in caches:
-        flat = t
-        if not t.is_contiguous():
-            flat, views = t.contiguous(), False
-        out.append(flat.view(torch.uint8).reshape(t.shape[0], -1).numpy())
-    if views:
-        # (a worker that cannot be weakly referenced gets its views built every time)
-        with contextlib.suppress(TypeError):
-            _LAYER_VIEWS[worker] = (key, out)
-    return out
-
-
-def _digest(layers: list[Any], block_id: int) -> str:
-    h = xxhash.xxh3_128()
-    for rows in layers:
-        h.update(rows[block_id])
-    return h.hexdigest()
-
-
 def worker_block_digest(worker: Any, block_id: int) -> str:
-    """xxh3-128 over the raw bytes of block ``block_id`` in every layer (K and V), layer order.
-    The digest detects bytes that changed by accident (a stale writer, a reused block); it does
-    not have to resist an adversary choosing KV bytes, so a fast non-cryptographic hash serves
-    (sha256 cost 11 us per 16 KiB block here, 2.4 ms per 4 MiB; xxh3-128 0.7 us and 83 us)."""
-    return _digest(_layer_bytes(worker), block_id)
+    """Digest of block ``block_id`` over every layer (K and V), layer order: see
+    :mod:`.kv_digest` (computed on the KV tensors' device, any vLLM GPU layout). The digest
+    detects bytes that changed by accident (a stale writer, a reused block); it does not have
+    to resist an adversary choosing KV bytes."""
+    return kv_digest.block_digests(kv_caches(worker), [block_id])[block_id]
 
 
 def worker_block_digests(worker: Any, block_ids: Iterable[int]) -> dict[int, str]:
-    layers = _layer_bytes(worker)
-    return {bid: _digest(layers, bid) for bid in block_ids}
+    """:func:`worker_block_digest` of many blocks at once (one gather per layer)."""
+    return kv_digest.block_digests(kv_caches(worker), list(block_ids))
 
 
 def worker_kv_layout_problem(worker: Any, num_blocks: int) -> str | None:
     """Why this worker's KV caches cannot be read block by block as the digests and the fault
-    injection read them (None if they can): each layer must be a CPU tensor whose first
-    dimension is the block. (A GPU attention backend keeps its own layout, e.g. K and V first,
-    and its tensors cannot be viewed from the host without a copy.)"""
+    injection read them (None if they can): each layer must hold data (any device: CPU, CUDA)
+    and have a block axis of the pool's ``num_blocks`` blocks in one of the layouts of
+    :data:`.kv_digest.LAYOUTS`."""
     for i, t in enumerate(kv_caches(worker)):
-        if t.device.type != "cpu":
-            return f"layer {i}: the KV cache is on {t.device}; block digests read CPU tensors"
-        if t.dim() < 2 or int(t.shape[0]) != num_blocks:
+        if t.device.type == "meta":
+            return f"layer {i}: the KV cache is on {t.device} and holds no bytes to digest"
+        if kv_digest.block_axis(tuple(t.shape), num_blocks) is None:
             return (
-                f"layer {i}: KV cache shape {list(t.shape)} does not start with the pool's "
-                f"{num_blocks} blocks"
+                f"layer {i}: KV cache shape {list(t.shape)} has no axis of the pool's "
+                f"{num_blocks} blocks in a known layout (retire_vllm.kv_digest.LAYOUTS)"
             )
     return None
 
@@ -307,7 +266,7 @@ def worker_kv_layout_problem(worker: Any, num_blocks: int) -> str | None:
 def worker_corrupt_block(worker: Any, block_id: int, layer: int = 0, value: float = 0.5) -> None:
     """Overwrite block ``block_id`` of one layer in place (same id, same counts, other bytes)."""
     with __import__("torch").no_grad():
-        kv_caches(worker)[layer][block_id].add_(value)
+        kv_digest.select_block(kv_caches(worker)[layer], block_id).add_(value)
 
 
 def worker_receipt(worker: Any, block_ids: Sequence[int]) -> dict[str, Any]:

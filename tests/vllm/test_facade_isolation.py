@@ -109,9 +109,9 @@ def test_block_ids_read_straight_from_the_manager_match_vllm(engine: Any) -> Non
     assert ix.manager_block_ids(ix.kv_cache_manager(engine), "no-such-request") == []
 
 
-def test_block_digests_follow_the_kv_bytes_while_their_views_are_kept() -> None:
-    """The byte views the digests read are kept per worker: they must still see every later
-    write, and must be rebuilt when the worker's KV tensors are replaced."""
+def test_block_digests_follow_the_kv_bytes() -> None:
+    """The digests read the worker's KV tensors as they are now: every later write, and
+    replaced tensors, show in them."""
     import torch
 
     from retire_vllm import introspect as ix
@@ -122,13 +122,12 @@ def test_block_digests_follow_the_kv_bytes_while_their_views_are_kept() -> None:
 
     worker = Worker([torch.zeros(4, 2, 8), torch.zeros(4, 2, 8)])
     first = ix.worker_block_digests(worker, [1, 2])
-    assert ix._layer_bytes(worker) is ix._layer_bytes(worker)  # kept, not rebuilt
     ix.worker_corrupt_block(worker, 1, layer=1)
     second = ix.worker_block_digests(worker, [1, 2])
     assert second[1] != first[1] and second[2] == first[2]
     worker.model_runner.kv_caches = [torch.ones(4, 2, 8), torch.zeros(4, 2, 8)]
     assert ix.worker_block_digests(worker, [2])[2] != first[2]
-    # A non-contiguous tensor is digested through a copy, which must never be kept.
+    # A non-contiguous tensor is digested too.
     worker.model_runner.kv_caches = [torch.zeros(8, 4).t()]
     before = ix.worker_block_digests(worker, [0])[0]
     ix.worker_corrupt_block(worker, 0)
@@ -136,7 +135,7 @@ def test_block_digests_follow_the_kv_bytes_while_their_views_are_kept() -> None:
 
 
 def test_kv_layouts_the_digests_cannot_read_are_named() -> None:
-    """Only CPU KV tensors whose first dimension is the block can be read block by block."""
+    """KV tensors without a block axis of the pool's size, or without bytes, cannot be read."""
     import torch
 
     from retire_vllm import introspect as ix
@@ -147,6 +146,8 @@ def test_kv_layouts_the_digests_cannot_read_are_named() -> None:
     assert ix.worker_kv_layout_problem(worker(torch.zeros(4, 2, 8)), 4) is None
     kv_first = ix.worker_kv_layout_problem(worker(torch.zeros(4, 2, 8), torch.zeros(2, 4, 8)), 4)
     assert kv_first is not None and kv_first.startswith("layer 1: KV cache shape [2, 4, 8]")
+    # vLLM's older K/V-first GPU shape [2, B, N, H, D] has its blocks on axis 1
+    assert ix.worker_kv_layout_problem(worker(torch.zeros(2, 4, 2, 1, 8)), 4) is None
     on_device = ix.worker_kv_layout_problem(worker(torch.zeros(4, 2, 8, device="meta")), 4)
     assert on_device is not None and "on meta" in on_device
 
