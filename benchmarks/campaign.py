@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from retire_checks.cli import command
+from retire_core import ReleaseReason
 
 #: KV pool of the engine under test (32-token blocks; the block-reuse flood fills it).
 NUM_BLOCKS = 160
@@ -119,7 +120,7 @@ def _page_scope(facade: Any, rng: random.Random, scope: str) -> list[int]:
     return pred[:COMMON] + _tokens(rng, 15)
 
 
-def _released(facade: Any, scope: str, page: int, reason: str) -> bool:
+def _released(facade: Any, scope: str, page: int, reason: ReleaseReason) -> bool:
     return (page, reason) in facade.version_record(scope).released
 
 
@@ -139,7 +140,7 @@ def _corrupt_before_certify(facade: Any, checker: Any, rng: random.Random, out: 
     cert = facade.version_record(scope).certificate
     out.injected = closed and any(page == victim for page, *_ in cert)
     _drive(facade, scope)
-    out.detected = _released(facade, scope, victim, "digest_mismatch")
+    out.detected = _released(facade, scope, victim, ReleaseReason.DIGEST_MISMATCH)
     out.details.update(victim=victim, position=position, certified=len(cert))
     _judge(facade, checker, scope, out, adopted=position)
 
@@ -158,7 +159,7 @@ def _corrupt_after_certify(facade: Any, checker: Any, rng: random.Random, out: O
     faults.corrupt_page(facade, victim, layer=rng.randrange(2))
     facade.release_admission(scope)
     _drive(facade, scope)
-    out.detected = _released(facade, scope, victim, "digest_mismatch")
+    out.detected = _released(facade, scope, victim, ReleaseReason.DIGEST_MISMATCH)
     out.details.update(victim=victim, position=position, certified=len(cert))
     _judge(facade, checker, scope, out, adopted=position)
 
@@ -195,7 +196,7 @@ def _block_reused(facade: Any, checker: Any, rng: random.Random, out: Outcome) -
     out.detected = (
         page is not None
         and page.generation > generation
-        and _released(facade, scope, victim, "generation_changed")
+        and _released(facade, scope, victim, ReleaseReason.GENERATION_CHANGED)
     )
     out.details.update(victim=victim, position=position, certified=len(cert))
     _judge(facade, checker, scope, out, adopted=position)
