@@ -227,6 +227,20 @@ def test_core_overhead_driver_adopts_and_measures() -> None:
         r["total_ms"] > 0 and r["shared_blocks"] == r["blocks"] // 2 for r in doc["revision"]
     )
     assert "one revision of a scope holding  512 blocks" in overhead.table(doc)
+    assert set(doc["revision_ms"]) == {"32", "512"} and doc["revision_ratio_2048_over_32"] is None
+
+
+def test_revision_targets_judge_the_ratio_and_the_512_block_figure() -> None:
+    from retire_bench.overhead import revision_targets
+
+    def rows(ms: dict[int, float]) -> list[dict[str, float]]:
+        return [{"blocks": n, "total_ms": v} for n, v in ms.items()]
+
+    flat = revision_targets(rows({32: 0.5, 512: 0.6, 2048: 0.9}))
+    assert flat["revision_ratio_2048_over_32"] == 1.8
+    assert flat["revision_targets_met"] == {"ratio": True, "512_blocks": True}
+    per_page = revision_targets(rows({32: 0.5, 512: 3.6, 2048: 14.0}))
+    assert per_page["revision_targets_met"] == {"ratio": False, "512_blocks": False}
 
 
 def test_core_timer_counts_vllm_request_api_inside_steps_apart() -> None:

@@ -381,7 +381,7 @@ class IsolationAudit:
     def before_execute(self, facade: RetireEngine, writes: list[tuple[str, int, int]]) -> None:
         written = set()
         for rid, block, position in writes:
-            req: Any = facade._reqs[rid]
+            req: Any = facade.reqs[rid]
             self.writes += 1
             written.add(block)
             if facade.retire.current_version(req.scope) != req.version:
@@ -392,15 +392,15 @@ class IsolationAudit:
                     f"step {self.steps}: {rid} ({req.scope}@{req.version}) writes block {block} "
                     f"(position {position}) owned by {owner}"
                 )
-            page: Any = facade._pages.get(block)
+            page: Any = facade.pages.get(block)
             if page is not None and facade.page_generation(block) != page.retained_at:
                 self.violations.append(f"step {self.steps}: block {block} changed generation")
-        closed = [p for p, pg in facade._pages.items() if not pg.writer_open and p not in written]
+        closed = [p for p, pg in facade.pages.items() if not pg.writer_open and p not in written]
         self._snapshot = _digests(facade.executor, closed)
 
     def after_step(self, facade: RetireEngine) -> None:
         self.steps += 1
-        still = [p for p in self._snapshot if p in facade._pages]
+        still = [p for p in self._snapshot if p in facade.pages]
         now = _digests(facade.executor, still)
         self.pages_checked += len(still)
         for p in still:

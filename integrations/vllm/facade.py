@@ -29,20 +29,20 @@ The events one hook observes reach the core together, in the order listed, throu
 ``Retire.handle_batch`` (one call per hook and per ``consume``; the same decisions as one by one).
 Receipts of a fenced request go one at a time, since each can admit the successor.
 
-Command -> action: ``Publish``/``Drop`` deliver or discard the frame (a dropped ``COMMIT`` refuses
-the step's commit); ``Fence`` aborts the requests (deferred to the step boundary while a step
-runs) and reports ``WriterClosed`` for their open pages and a ``Receipt`` per participant (ranks
-through ``collective_rpc``); ``AllowWrite`` lets the step run, ``FenceWrite`` raises
-:class:`IsolationError` (vLLM gives a request only its own blocks, so it is unreachable unless
-bookkeeping is broken); ``PinCertified`` takes one ``BlockPool.touch`` reference per certified
-block and queues the byte check, which runs at the next step boundary just before admission
-(``AdoptionReport``); ``Adopt`` keeps the pins until the successor's first schedule shows it holds
-exactly those blocks as its prefix hit, then drops them; ``Unpin`` drops pins and, after a failed
-verification, evicts the block hashes so vLLM cannot reuse them; ``Admit`` adds the version's
-request under the physical ``cache_salt`` of its adopted pages (or a fresh one when cold) and
-checks, before it can be scheduled, that its prefix hit is exactly the adopted block ids;
-``Free`` evicts the block's hash and drops the facade's retention reference (taken at
-allocation, so that every page the core tracks is really kept by vLLM).
+Command -> action (``facade_commands.FacadeCommands``, the one executor): ``Publish``/``Drop``
+deliver or discard the frame (a dropped ``COMMIT`` refuses the step's commit); ``Fence`` aborts the
+requests (deferred to the step boundary while a step runs) and reports ``WriterClosed`` for their
+open pages and a ``Receipt`` per participant (ranks through ``collective_rpc``); ``AllowWrite``
+lets the step run, ``FenceWrite`` raises :class:`IsolationError` (vLLM gives a request only its own
+blocks, so it is unreachable unless bookkeeping is broken); ``PinCertified`` takes one
+``BlockPool.touch`` reference per certified block and queues the byte check, which runs at the next
+step boundary just before admission (``AdoptionReport``); ``Adopt`` keeps the pins until the
+successor's first schedule shows it holds exactly those blocks as its prefix hit, then drops them;
+``Unpin`` drops pins and, after a failed verification, evicts the block hashes so vLLM cannot reuse
+them; ``Admit`` adds the version's request under the physical ``cache_salt`` of its adopted pages
+(or a fresh one when cold) and checks, before it can be scheduled, that its prefix hit is exactly
+the adopted block ids; ``Free`` evicts the block's hash and drops the facade's retention reference
+(taken at allocation, so that every page the core tracks is really kept by vLLM).
 """
 
 from __future__ import annotations
@@ -56,34 +56,20 @@ from typing import TYPE_CHECKING, Any
 
 from retire_core import (
     DEFAULT_CONTRACT,
-    Admit,
-    Adopt,
-    AdoptionReport,
     AllowWrite,
     Cancel,
-    Certificate,
     Command,
     Contract,
-    Drop,
     Event,
-    Fence,
-    FenceWrite,
     FrameArrived,
     FrameKind,
-    Free,
-    PageDigest,
     PageReused,
-    ParticipantStarted,
     Pause,
-    PinCertified,
-    Publish,
-    Receipt,
     Retire,
     ScopeState,
     Submit,
     Supersede,
     Unpause,
-    Unpin,
     WriterClosed,
 )
 
@@ -93,6 +79,7 @@ from .api import Delivery
 from .corelog import CoreLog, NullLogger, TraceRejected, log_path_for
 from .engine_config import BLOCK_SIZE, ENGINE_NUMERICAL_MODE, build_engine
 from .errors import IntegrationError, IsolationError, LeakError
+from .facade_commands import FacadeCommands
 from .facade_records import (
     Chunk,
     ExternalRequest,
@@ -101,7 +88,7 @@ from .facade_records import (
     Stats,
     VersionRecord,
 )
-from .serving.ledger import VERIFICATION_FAILURES, BlockLedger
+from .serving.ledger import BlockLedger
 
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -190,22 +177,16 @@ class RetireEngine:
         self.records: dict[str, ScopeLog] = {}
         self.external: dict[str, ExternalRequest] = {}
         self.stats = Stats()
-        self._reqs: dict[str, FacadeRequest] = {}
-        self._participant_rid: dict[str, str] = {}
-        self._internal: dict[str, str] = {}  # external request id -> internal id
-        self._queues: dict[str, deque[Chunk]] = {}
+        self.reqs: dict[str, FacadeRequest] = {}
+        self.participant_rid: dict[str, str] = {}
+        self.internal_ids: dict[str, str] = {}  # external request id -> internal id
+        self.queues: dict[str, deque[Chunk]] = {}
         # Frames the core has not decided yet: an engine frame's chunk (queued when published), or
         # None for a consumer or commit frame, whose caller reads its outcome from ``_outcomes``.
-        self._frames: dict[int, Chunk | None] = {}
-        self._outcomes: dict[int, str] = {}  # frame -> "publish" or the drop reason
+        self.frames: dict[int, Chunk | None] = {}
+        self.outcomes: dict[int, str] = {}  # frame -> "publish" or the drop reason
         self._frame_ids = itertools.count()
-        self._salts = itertools.count()
-        self._cmdq: deque[Command] = deque()
-        self._draining = False
-        self._in_step = False
-        self._deferred: list[Fence] = []
         self._completed: list[int] = []
-        self._pending_reports: dict[tuple[str, int], Certificate] = {}
         self._held: set[str] = set()
         self._maybe_paused: set[str] = set()  # scopes paused through ``pause`` (maybe unpaused)
         self._during_step: list[Callable[[RetireEngine], None]] = []
@@ -215,8 +196,9 @@ class RetireEngine:
         self._steps = 0
 
         # Every retention, pin and handoff reference on a vLLM block, with its generation stamp.
+        self.commands = FacadeCommands(self)  # carries out every command the core returns
         self.ledger = BlockLedger(self.pool)
-        self._pages = self.ledger.refs  # block id -> BlockRef (what the facade retains)
+        self.pages = self.ledger.refs  # block id -> BlockRef (what the facade retains)
         self.spy = self.ledger.spy
         self.spy.listeners.append(self._on_blocks_handed_out)
         self.initial_free_blocks = self.pool.get_num_free_blocks()
@@ -236,9 +218,9 @@ class RetireEngine:
 
         def accept() -> None:
             self.records[scope] = ScopeLog(scope, self.tenant, [record])
-            self._queues[scope] = deque()
+            self.queues[scope] = deque()
 
-        self._emit(Submit(scope, self.tenant, self.fingerprint, context, contract), accept)
+        self.emit(Submit(scope, self.tenant, self.fingerprint, context, contract), accept)
         return 0
 
     def supersede(
@@ -257,30 +239,31 @@ class RetireEngine:
             )
             self.records[scope].versions.append(record)
 
-        self._emit(Supersede(scope, context, contract), accept)
+        self.emit(Supersede(scope, context, contract), accept)
         return self.retire.current_version(scope)
 
     def pause(self, scope: str) -> None:
-        self._emit(Pause(scope))
+        self.emit(Pause(scope))
         self._maybe_paused.add(scope)
 
     def unpause(self, scope: str) -> None:
-        self._emit(Unpause(scope))
+        self.emit(Unpause(scope))
 
     def cancel(self, scope: str) -> None:
-        self._emit(Cancel(scope))
+        self.emit(Cancel(scope))
 
     def step(self) -> None:
         """Byte-check pending certificates and admit, run one engine step, then report what it
         did (closed writers, outputs, finished requests) and carry out fences deferred to this
         step boundary."""
-        if self._pending_reports:
-            self._send_reports()
-        self._in_step = True
+        commands = self.commands
+        if commands.pending_reports:
+            commands.send_reports(self._held)
+        commands.in_step = True
         try:
             outputs = self.engine.step()
         finally:
-            self._in_step = False
+            commands.in_step = False
         self._steps += 1
         if self._completed:
             self._close_completed_writers()
@@ -292,17 +275,16 @@ class RetireEngine:
         for out in outputs:
             on_output(out, frames)
         if frames:
-            self._emit_batch(frames)
-        if self._deferred:
-            deferred, self._deferred = self._deferred, []
-            self._run(deferred)
+            self.emit_batch(frames)
+        if commands.deferred:
+            commands.run_deferred()
         for obs in self.observers:
             obs.after_step(self)
 
     def consume(self, scope: str) -> list[Delivery]:
         """What the consumer of ``scope`` reads now: every queued chunk crosses the consumer
         boundary as its own frame and is delivered only if the core publishes it."""
-        queue = self._queues.get(scope)
+        queue = self.queues.get(scope)
         delivered: list[Delivery] = []
         if not queue:
             return delivered
@@ -311,7 +293,7 @@ class RetireEngine:
         chunks = list(queue)
         frames = [self._new_frame(None) for _ in chunks]
         token = FrameKind.TOKEN
-        self._emit_batch(
+        self.emit_batch(
             [
                 FrameArrived(scope, chunk.version, frame, token)
                 for chunk, frame in zip(chunks, frames, strict=True)
@@ -320,7 +302,7 @@ class RetireEngine:
         for _ in chunks:
             queue.popleft()
         versions = self.records[scope].versions
-        outcomes = self._outcomes
+        outcomes = self.outcomes
         for chunk, frame in zip(chunks, frames, strict=True):
             outcome = outcomes.pop(frame, None)
             assert outcome is not None, "a frame must be decided when it arrives"
@@ -342,13 +324,13 @@ class RetireEngine:
     def has_unfinished(self) -> bool:
         """Is there work a ``step`` can advance?  Requests of paused scopes and successors held
         by :meth:`hold_admission` do not count (stepping cannot finish them)."""
-        pending = any(scope not in self._held for scope, _ in self._pending_reports)
+        pending = any(scope not in self._held for scope, _ in self.commands.pending_reports)
         live = int(self.scheduler.get_num_unfinished_requests())
         paused = 0
         if self._maybe_paused:  # (otherwise nothing is withheld)
             requests = self.scheduler.requests
             paused = sum(1 for rid in self.withheld(self.scheduler) if rid in requests)
-        return bool(live > paused or pending or self._deferred)
+        return bool(live > paused or pending or self.commands.deferred)
 
     def close(self) -> None:
         """Cancel every scope, drain the engine, and check that every block, pin and page the
@@ -397,11 +379,11 @@ class RetireEngine:
         pinned = self.retire.pinned_pages()
         if pinned:
             problems.append(f"core still pins pages {list(pinned)}")
-        ours = sorted(p for p, pg in self._pages.items() if pg.pins)
+        ours = sorted(p for p, pg in self.pages.items() if pg.pins)
         if ours:
             problems.append(f"facade still holds pins on blocks {ours}")
-        if self._pages:
-            problems.append(f"facade still retains blocks {sorted(self._pages)}")
+        if self.pages:
+            problems.append(f"facade still retains blocks {sorted(self.pages)}")
         if self.retire.state.pages:
             problems.append(f"core still tracks pages {sorted(self.retire.state.pages)}")
         return problems
@@ -435,10 +417,10 @@ class RetireEngine:
         inputs: dict[str, Any] = {"prompt_token_ids": list(prompt)}
         if salt is not None:
             inputs["cache_salt"] = salt
-        if request_id in self._internal:
+        if request_id in self.internal_ids:
             raise ValueError(f"request id {request_id!r} is already in use")
         rid = self.engine.add_request(request_id, inputs, params)  # type: ignore[arg-type]
-        self._internal[request_id] = rid
+        self.internal_ids[request_id] = rid
         self.external[rid] = ExternalRequest(rid, tuple(prompt), salt)
         return rid
 
@@ -458,24 +440,24 @@ class RetireEngine:
         return self.read_digests(pages)
 
     def owner_of(self, block_id: int) -> tuple[str, int] | None:
-        page = self._pages.get(block_id)
+        page = self.pages.get(block_id)
         return None if page is None else (page.scope, page.version)
 
     def page_generation(self, block_id: int) -> int:
         return self.spy.gen(block_id)
 
     def pinned_blocks(self) -> list[int]:
-        return sorted(p for p, pg in self._pages.items() if pg.pins)
+        return sorted(p for p, pg in self.pages.items() if pg.pins)
 
     def live_request_ids(self) -> list[str]:
         """Requests with a participant that has not delivered its receipt yet."""
-        return sorted(rid for rid, r in self._reqs.items() if len(r.closed) < len(r.participants))
+        return sorted(rid for rid, r in self.reqs.items() if len(r.closed) < len(r.participants))
 
     def live_obsolete_request_ids(self) -> list[str]:
         """Live requests of versions that are no longer current (or of cancelled scopes)."""
         out = []
         for rid in self.live_request_ids():
-            req = self._reqs[rid]
+            req = self.reqs[rid]
             rec = self.retire.scope(req.scope)
             if req.version != rec.epoch or rec.state is ScopeState.CANCELLED:
                 out.append(rid)
@@ -517,7 +499,7 @@ class RetireEngine:
         # would have gone one by one; the allocations' own bookkeeping follows once the core has
         # accepted them (a refused batch changes nothing, there or here).
         events, allocations, writes, first_time = observe.schedule_events(
-            self._reqs, scheduler, scheduler_output, self._pages, self.block_size
+            self.reqs, scheduler, scheduler_output, self.pages, self.block_size
         )
         for req, ids, start in first_time:
             self._check_prefix_hit(req, ids, start)
@@ -525,7 +507,7 @@ class RetireEngine:
             commands = self.retire.handle_batch(events)  # raises (and changes nothing) if bad
             for req, bid, idx in allocations:
                 self._retain(req, bid, idx)
-            self._run(commands)
+            self.commands.run(commands)
             allowed = {(c.page, c.participant) for c in commands if isinstance(c, AllowWrite)}
             completed = self._completed
             for req, bid, idx, completes in writes:
@@ -542,7 +524,7 @@ class RetireEngine:
         refused: set[str] = set()
         events: list[Event] = []
         frames: list[tuple[FacadeRequest, int]] = []
-        reqs = self._reqs
+        reqs = self.reqs
         new_frame = self._new_frame
         commit = FrameKind.COMMIT
         for rid in scheduler_output.num_scheduled_tokens:
@@ -554,8 +536,8 @@ class RetireEngine:
             frames.append((req, frame))
         if not events:
             return refused
-        self._emit_batch(events)  # one COMMIT frame per scheduled request, decided together
-        outcomes = self._outcomes
+        self.emit_batch(events)  # one COMMIT frame per scheduled request, decided together
+        outcomes = self.outcomes
         for req, frame in frames:
             rec = req.record
             rec.commits += 1
@@ -569,56 +551,19 @@ class RetireEngine:
 
     # ---- event plumbing ------------------------------------------------------------------------
 
-    def _emit(self, event: Event, accept: Callable[[], None] | None = None) -> list[Command]:
+    def emit(self, event: Event, accept: Callable[[], None] | None = None) -> list[Command]:
         commands = self.retire.handle(event)  # raises (and changes nothing) on bad input
         if accept is not None:
             accept()
-        self._run(commands)
+        self.commands.run(commands)
         return commands
 
-    def _emit_batch(self, events: list[Event]) -> list[Command]:
+    def emit_batch(self, events: list[Event]) -> list[Command]:
         """Hand the core several events at once (``Retire.handle_batch``: the same decisions as
         one by one, all or nothing) and carry out every command it returns, in order."""
         commands = self.retire.handle_batch(events)
-        self._run(commands)
+        self.commands.run(commands)
         return commands
-
-    def _run(self, commands: Iterable[Command]) -> None:
-        queue = self._cmdq
-        queue.extend(commands)
-        if self._draining:
-            return
-        self._draining = True
-        handlers = _HANDLERS
-        try:
-            while queue:
-                cmd = queue.popleft()
-                handler = handlers.get(type(cmd))
-                if handler is None:  # pragma: no cover - the Command union is closed
-                    raise TypeError(f"unknown command {cmd!r}")
-                handler(self, cmd)
-        finally:
-            self._draining = False
-            queue.clear()
-
-    def _on_allow_write(self, cmd: AllowWrite) -> None:
-        self.stats.writes_allowed += 1
-
-    def _on_fence(self, cmd: Fence) -> None:
-        if self._in_step:
-            self._deferred.append(cmd)
-            self.stats.fences_deferred += 1
-        else:
-            self._fence(cmd)
-
-    def _on_fence_write(self, cmd: FenceWrite) -> None:
-        raise IsolationError(
-            f"the core fenced a write of {cmd.participant} into block {cmd.page} "
-            f"({cmd.reason}); vLLM cannot stop a scheduled write"
-        )
-
-    def _on_pin_certified(self, cmd: PinCertified) -> None:
-        self._pin(cmd.certificate)
 
     # ---- frames ---------------------------------------------------------------------------------
 
@@ -626,32 +571,15 @@ class RetireEngine:
         """A new frame id: an engine frame carries its ``chunk``; for a consumer or commit frame
         (``None``) the outcome is kept in ``_outcomes`` for the caller."""
         fid = next(self._frame_ids)
-        self._frames[fid] = chunk
+        self.frames[fid] = chunk
         return fid
-
-    def _on_publish(self, cmd: Publish) -> None:
-        chunk = self._frames.pop(cmd.frame)
-        self.stats.frames_published += 1
-        if chunk is None:
-            self._outcomes[cmd.frame] = "publish"
-        else:
-            self._queues[cmd.scope].append(chunk)
-
-    def _on_drop(self, cmd: Drop) -> None:
-        chunk = self._frames.pop(cmd.frame)
-        self.stats.frames_dropped += 1
-        if chunk is None:
-            self._outcomes[cmd.frame] = cmd.reason
-        else:
-            rec = self.records[cmd.scope].version(cmd.version)
-            rec.dropped_engine_tokens += len(chunk.token_ids)
 
     def _on_output(self, out: Any, frames: list[Event] | None = None) -> None:
         """Record one ``RequestOutput``; its TOKEN frame is appended to ``frames`` (handed to the
         core by the caller) or, without a list, handed over at once."""
         # RequestOutput carries the external id; map it back to the internal one.
         rid = out.request_id
-        rid = self._internal.get(rid, rid)
+        rid = self.internal_ids.get(rid, rid)
         completion = out.outputs[0]
         tokens = tuple(map(int, completion.token_ids))
         finished = out.finished
@@ -664,7 +592,7 @@ class RetireEngine:
                 ext.finished = True
                 ext.finish_reason = completion.finish_reason
             return
-        req = self._reqs.get(rid)
+        req = self.reqs.get(rid)
         if req is None:
             return
         rec = req.record
@@ -682,54 +610,15 @@ class RetireEngine:
             chunk = Chunk(req.scope, req.version, tokens, finished, completion.finish_reason)
             event = FrameArrived(req.scope, req.version, self._new_frame(chunk), FrameKind.TOKEN)
             if frames is None:
-                self._emit(event)
+                self.emit(event)
             else:
                 frames.append(event)
         if finished and completion.finish_reason != "abort":
             if frames:
                 pending = list(frames)
                 frames.clear()
-                self._emit_batch(pending)
-            self._close_request(req, req.participants)
-
-    # ---- fencing and receipts ------------------------------------------------------------------
-
-    def _fence(self, cmd: Fence) -> None:
-        self.stats.fences += 1
-        by_request: dict[str, list[str]] = {}
-        for participant in cmd.participants:
-            by_request.setdefault(self._participant_rid[participant], []).append(participant)
-        for rid, participants in by_request.items():
-            req = self._reqs[rid]
-            req.record.fenced = True
-            if rid in self.scheduler.requests:
-                self.engine.abort_request([rid], internal=True)
-            self._close_request(req, tuple(participants))
-
-    def _close_request(self, req: FacadeRequest, participants: Sequence[str]) -> None:
-        """Close the writers of the request's open pages, then deliver receipts: ranks first (each
-        worker answers after any step in flight), the request last."""
-        rec = req.record
-        self._release_handoff_pins(req)
-        open_pages = [p for p in req.pages if p in self._pages and self._pages[p].writer_open]
-        closures: list[Event] = []
-        for page, digest in self.read_digests(open_pages).items():
-            self._pages[page].writer_open = False
-            closures.append(WriterClosed(page, digest))
-        if closures:
-            self._emit_batch(closures)
-        todo = [p for p in participants if p not in req.closed]
-        ranks = [p for p in todo if p != req.rid]
-        if ranks:
-            rec.rank_receipts.extend(
-                observe.rank_receipts(self.executor, req.rid, ranks, req.block_ids)
-            )
-        for participant in [*ranks, *(p for p in todo if p == req.rid)]:
-            req.closed.add(participant)
-            rec.receipts[participant] = self.clock()
-            self._emit(Receipt(req.scope, req.version, participant))
-        if rec.closed and rec.closed_at is None:
-            rec.closed_at = self.clock()
+                self.emit_batch(pending)
+            self.commands.close_request(req, req.participants)
 
     # ---- pages ---------------------------------------------------------------------------------
 
@@ -742,7 +631,7 @@ class RetireEngine:
 
     def _close_completed_writers(self) -> None:
         completed, self._completed = self._completed, []
-        pages = self._pages
+        pages = self.pages
         todo = [p for p in dict.fromkeys(completed) if p in pages and pages[p].writer_open]
         if not todo:
             return
@@ -751,71 +640,12 @@ class RetireEngine:
             pages[page].writer_open = False
             events.append(WriterClosed(page, digest))
         if events:
-            self._emit_batch(events)
-
-    def _pin(self, certificate: Certificate) -> None:
-        rec = self.records[certificate.scope].version(certificate.version)
-        rec.certificate = tuple(
-            (e.page, e.position, e.generation, e.digest) for e in certificate.entries
-        )
-        for entry in certificate.entries:
-            self.ledger.pin(entry.page, for_version=certificate.version)
-            self.stats.pins += 1
-        self._pending_reports[(certificate.scope, certificate.version)] = certificate
-
-    def _send_reports(self) -> None:
-        for key in sorted(self._pending_reports):
-            scope, version = key
-            if scope in self._held:
-                continue
-            certificate = self._pending_reports.pop(key)
-            pages = list(certificate.pages)
-            digests = self.digest_for_adoption(pages)
-            self.records[scope].version(version).adoption_report = dict(digests)
-            report = tuple(PageDigest(p, digests[p]) for p in pages)
-            self._emit(AdoptionReport(scope, version, report))
-
-    def _adopt(self, cmd: Adopt) -> None:
-        rec = self.records[cmd.scope].version(cmd.version)
-        rec.adopted_pages = tuple(cmd.pages)
-        self.stats.adopted_pages += len(cmd.pages)
-        for p in cmd.pages:
-            self.ledger.adopt(p, cmd.scope, cmd.version)
-
-    def _unpin(self, cmd: Unpin) -> None:
-        failed = cmd.reason in VERIFICATION_FAILURES
-        for p in cmd.pages:
-            page = self._pages.get(p)
-            if page is not None and page.pins and page.cert_version is not None:
-                rec = self.records[page.scope].version(page.cert_version)
-                rec.released.append((p, cmd.reason))
-            self.ledger.unpin(p, evict=failed)  # a failed page is never a prefix hit again
-            self.stats.released_pages += 1
-
-    def _release_handoff_pins(self, req: FacadeRequest) -> None:
-        pins, req.handoff_pins = req.handoff_pins, []
-        for p in pins:
-            self.ledger.release_handoff(p)
-
-    def _free(self, cmd: Free) -> None:
-        for ref in self.ledger.free(cmd.pages):  # all or nothing; one call each to the pool
-            req = self._reqs.get(ref.request)
-            if req is not None and ref.block in req.pages:
-                req.pages.remove(ref.block)
-        self._forget_closed_requests()
-
-    def _forget_closed_requests(self) -> None:
-        for rid in [
-            rid
-            for rid, r in self._reqs.items()
-            if len(r.closed) == len(r.participants) and not r.pages and not r.handoff_pins
-        ]:
-            del self._reqs[rid]
+            self.emit_batch(events)
 
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
         """GenerationSpy listener: a block id we still retain went to a new owner."""
         for bid in ids:
-            page = self._pages.get(bid)
+            page = self.pages.get(bid)
             if page is None:
                 continue
             core_page = self.retire.state.pages.get(bid)
@@ -829,64 +659,14 @@ class RetireEngine:
             # A pinned, retained page recycled underneath the core: its generation moves on, the
             # references we took are gone with it (the ledger sees the new generation).
             self.stats.pages_reused += 1
-            self._emit(PageReused(bid))
+            self.emit(PageReused(bid))
 
     # ---- admission -----------------------------------------------------------------------------
-
-    def _admit(self, cmd: Admit) -> None:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-        rec = self.records[cmd.scope].version(cmd.version)
-        adopted = rec.adopted_pages[: cmd.adopted_blocks]
-        if len(adopted) != cmd.adopted_blocks:
-            raise IntegrationError(
-                f"Admit {cmd.scope}@{cmd.version} with {cmd.adopted_blocks} adopted blocks, "
-                f"but only {len(rec.adopted_pages)} were handed over"
-            )
-        if adopted:
-            salts = {self._pages[p].salt for p in adopted}
-            if len(salts) != 1:
-                raise IntegrationError(f"adopted pages of {cmd.scope} mix cache salts {salts}")
-            salt = salts.pop()
-        else:
-            salt = f"retire:{self.uid}:{self.tenant}:{cmd.scope}:{next(self._salts)}"
-        params = SamplingParams(
-            temperature=0.0,
-            max_tokens=rec.max_tokens,
-            ignore_eos=True,
-            output_kind=RequestOutputKind.DELTA,
-        )
-        inputs = {"prompt_token_ids": list(rec.prompt), "cache_salt": salt}
-        external_id = f"{cmd.scope}@{cmd.version}"
-        if external_id in self._internal:
-            raise IntegrationError(f"request id {external_id!r} is already in use")
-        rid = self.engine.add_request(external_id, inputs, params)  # type: ignore[arg-type]
-        self._internal[external_id] = rid
-        ranks = tuple(f"{rid}/rank{r}" for r in range(self.tp)) if self.tp > 1 else ()
-        participants = (rid, *ranks)
-        req = FacadeRequest(
-            rid, cmd.scope, cmd.version, participants, salt, rec, adopted=tuple(adopted)
-        )
-        req.handoff_pins = list(adopted)  # the certificate pins, now handoff pins
-        self._reqs[rid] = req
-        for participant in participants:
-            self._participant_rid[participant] = rid
-        rec.request_id, rec.participants, rec.salt = rid, participants, salt
-        rec.admitted, rec.admitted_at, rec.cold = True, self.clock(), cmd.cold
-        rec.adopted_blocks = cmd.adopted_blocks
-        self._restrict_prefix_hit(req)
-        for participant in participants:
-            self._emit(ParticipantStarted(cmd.scope, cmd.version, participant))
-
-    def _restrict_prefix_hit(self, req: FacadeRequest) -> None:
-        request = self.scheduler.requests[req.rid]
-        evicted = observe.restrict_prefix_hit(self.pool, request, req.adopted)
-        self.stats.uncertified_hashes_evicted += evicted
 
     def _check_prefix_hit(self, req: FacadeRequest, ids: list[int], start: int) -> None:
         req.record.hit_block_ids = tuple(ids[: start // self.block_size])
         observe.check_prefix_hit(req.rid, ids, start, req.adopted, self.block_size)
-        self._release_handoff_pins(req)  # the successor's own references hold them now
+        self.commands.release_handoff_pins(req)  # the successor's own references hold them now
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -930,22 +710,6 @@ class RetireEngine:
             raise ValueError(
                 f"only exact output equivalence is supported, not {contract.equivalence!r}"
             )
-
-
-#: What ``_run`` does with each command, by its type (one dict lookup instead of an
-#: ``isinstance`` chain and a call to pass through).
-_HANDLERS: dict[type, Callable[[RetireEngine, Any], None]] = {
-    Publish: RetireEngine._on_publish,
-    AllowWrite: RetireEngine._on_allow_write,
-    Drop: RetireEngine._on_drop,
-    Fence: RetireEngine._on_fence,
-    FenceWrite: RetireEngine._on_fence_write,
-    PinCertified: RetireEngine._on_pin_certified,
-    Adopt: RetireEngine._adopt,
-    Unpin: RetireEngine._unpin,
-    Admit: RetireEngine._admit,
-    Free: RetireEngine._free,
-}
 
 
 # --- several engines sharing nothing -------------------------------------------------------------

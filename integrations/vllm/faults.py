@@ -32,7 +32,7 @@ def corrupt_page(facade: RetireEngine, block_id: int, layer: int = 0, value: flo
 
 def drop_references(facade: RetireEngine, block_id: int) -> int:
     """Release the facade's pin and retention references on ``block_id``; returns how many."""
-    page: Any = facade._pages[block_id]
+    page: Any = facade.pages[block_id]
     block = facade.pool.blocks[block_id]
     refs = len(page.pins) + 1  # the pins and the retention reference
     for _ in range(refs):
@@ -47,7 +47,7 @@ def inject_frame(facade: RetireEngine, scope: str, version: int, token_ids: Sequ
 
     chunk = Chunk(scope, version, tuple(int(t) for t in token_ids), False, None)
     frame = facade._new_frame(chunk)
-    for cmd in facade._emit(FrameArrived(scope, version, frame, FrameKind.TOKEN)):
+    for cmd in facade.emit(FrameArrived(scope, version, frame, FrameKind.TOKEN)):
         if isinstance(cmd, Publish) and cmd.frame == frame:
             return "publish"
         if isinstance(cmd, Drop) and cmd.frame == frame:
@@ -57,4 +57,4 @@ def inject_frame(facade: RetireEngine, scope: str, version: int, token_ids: Sequ
 
 def redeliver_receipt(facade: RetireEngine, scope: str, version: int, participant: str) -> None:
     """Hand the core ``participant``'s receipt once more (raises the core's typed error)."""
-    facade._emit(Receipt(scope, version, participant))
+    facade.emit(Receipt(scope, version, participant))

@@ -180,7 +180,7 @@ def test_isolation_audit_catches_a_stray_write(engine: Any) -> None:
             if self.done:
                 return
             closed = [
-                p for p in facade.version_record("B").pages if not facade._pages[p].writer_open
+                p for p in facade.version_record("B").pages if not facade.pages[p].writer_open
             ]
             if closed:
                 faults.corrupt_page(facade, closed[0])

@@ -108,7 +108,7 @@ def test_publication_trials_native_vs_retire(engine: Any, checker: Checker) -> N
     with attached(engine) as facade:
         ret = run_trials(facade, retire=True)
         # Every frame was decided when it arrived, and every outcome was read by its caller.
-        assert facade._frames == {} and facade._outcomes == {}
+        assert facade.frames == {} and facade.outcomes == {}
         verdicts = [checker.verify(facade, p["scope"]) for p in ret["plans"]]
         # Between steps, the old request is aborted before the next schedule: the commit gate
         # never sees it. Only a revision that lands while a step is in flight reaches the gate.
@@ -156,7 +156,7 @@ def test_queued_frames_of_a_retired_version_are_dropped_at_consume(
         facade.submit("q", prompt, DEFAULT_CONTRACT, 30)
         for _ in range(6):
             facade.step()
-        queued = list(facade._queues["q"])
+        queued = list(facade.queues["q"])
         assert sum(len(c.token_ids) for c in queued) == 6  # published into the queue, unread
         facade.supersede("q", prompt[:50] + tokens(rng, 5), DEFAULT_CONTRACT, 8)
         assert facade.consume("q") == []  # read after the revision: all dropped
