@@ -13,10 +13,11 @@ recycled (its columns are never read again). A ``corrupt`` of page bytes is expl
 whenever a byte check failed with ``digest_mismatch`` (the set of candidate spec states is kept,
 deduplicated). Each logged transition must be allowed by the spec's guard in at least one candidate
 state, every invariant must hold afterwards, and the logged fields the spec determines (generations,
-versions, the certified digest, inheritability) must agree with it; stutters (``fence``,
-``late_report``, ``late_finish``) must concern a version without authority. The first line at which
-no candidate survives is reported with the reason. What does not live here: the structlog
-configuration (the caller's) and the CLI (``cli_checks``).
+versions, the certified digest, inheritability) must agree with it, and an adopted page's reported
+digest must be the one its writer closed with; stutters (``fence``, ``late_report``,
+``late_finish``) must concern a version without authority. The first line at which no candidate
+survives is reported with the reason. What does not live here: the structlog configuration (the
+caller's) and the CLI (``cli_checks``).
 """
 
 from __future__ import annotations
@@ -378,6 +379,15 @@ class Validator:
             if gen is not None and gen != st["page_gen"][p]:
                 raise TraceError(
                     r.line, f"reuse_id logged generation {gen}, spec has {st['page_gen'][p]}"
+                )
+        if t == "adopt" and "digest" in d:
+            p = inst.args[1]
+            if self.closed_digest.get(p) != self.digests(d["digest"]):
+                raise TraceError(
+                    r.line,
+                    f"adopt of page {d.get('page')!r}: the engine reported digest "
+                    f"{d['digest']!r}, not the one its writer closed with (and the certificate "
+                    "carries): a page whose bytes changed was adopted",
                 )
         if t == "certify":
             p = inst.args[1]

@@ -172,7 +172,9 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
                 rec.epoch,
                 entry.page,
                 (("version", rec.epoch), ("held", True), ("pinned", False)),
-                (("position", entry.position),),
+                # the bytes the engine reported: trace validation checks them against the
+                # digest the page's writer closed with, independently of this comparison
+                (("position", entry.position), ("digest", reported[entry.page])),
             )
         elif page.pinned:
             txn.pages[entry.page] = evolve(page, pinned=False)
@@ -186,6 +188,7 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
                 changed={"pinned": False},
                 page=entry.page,
                 position=entry.position,
+                digest=reported[entry.page],
             )
     if adopted:
         txn.emit(Adopt(scope, rec.epoch, tuple(adopted)))

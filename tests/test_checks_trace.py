@@ -171,6 +171,34 @@ def test_injected_adoption_of_an_open_writer_page_is_rejected_at_that_line() -> 
     assert "writer is still open" in err.value.message
 
 
+def test_adoption_of_a_page_whose_reported_bytes_differ_is_rejected_at_that_line() -> None:
+    """The byte check's outcome is in the log (the reported digest of every adopted or released
+    page), so a core that adopts despite a mismatch is caught without trusting its comparison:
+    here the scenario's failed byte check is forged into an adoption, and a clean adoption's
+    reported digest is altered."""
+    lines = scenario_trace()
+    recs = _records(lines)
+    failed = next(
+        i
+        for i, d in enumerate(recs)
+        if d["transition"] == "release" and d.get("reason") == "digest_mismatch"
+    )
+    assert "digest" in recs[failed]
+    forged = {k: v for k, v in recs[failed].items() if k not in ("reason", "changed")}
+    forged.update(transition="adopt", changed={"version": recs[failed]["version"]})
+    with pytest.raises(TraceError) as err:
+        validate_lines([*lines[:failed], json.dumps(forged), *lines[failed + 1 :]])
+    assert err.value.line == failed + 1
+    assert "a page whose bytes changed was adopted" in err.value.message
+
+    adopt = next(i for i, d in enumerate(recs) if d["transition"] == "adopt")
+    altered = dict(recs[adopt], digest="not-the-closed-bytes")
+    with pytest.raises(TraceError) as err:
+        validate_lines([*lines[:adopt], json.dumps(altered), *lines[adopt + 1 :]])
+    assert err.value.line == adopt + 1
+    assert "a page whose bytes changed was adopted" in err.value.message
+
+
 def test_missing_lines_unknown_ids_and_garbage_are_rejected() -> None:
     lines = scenario_trace()
     with pytest.raises(TraceError, match="seq jumps"):
