@@ -1,8 +1,11 @@
 """Handoff under cache pressure: how much of the common prefix a successor really reuses.
 
 Grid: prompt length x common-prefix fraction x co-tenant eviction pressure (nine points, 0 to 1
-in eighths, like the paper's nine pressure points). One trial, driven identically through the
-``ReplacementEngine`` API for native abort+resubmit and for Retire:
+in eighths, like the paper's nine pressure points), each cell run as a quartet (``Grid.trials``
+= 4 trials, as the paper; each trial with prompts of its own, so no trial finds another's prefix
+in the cache) and reported with its spread (``points``: median, min and max over the trials).
+One trial, driven identically through the ``ReplacementEngine`` API for native abort+resubmit
+and for Retire:
 
 1. scope ``h`` is submitted with prompt ``P`` (``L`` tokens) and runs until its consumer has read
    a few tokens (its prompt blocks are complete and in the prefix cache);
@@ -24,6 +27,7 @@ successor adopts it.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -56,6 +60,7 @@ class Grid:
     predecessor_tokens: int = 4  # tokens the consumer reads from P before the revision
     successor_max_tokens: int = 16
     seed: int = 0
+    trials: int = 4  # per cell: the paper's quartets
 
 
 def demo_grid() -> Grid:
@@ -72,8 +77,11 @@ def _contract() -> Any:
     return Contract()
 
 
-def _prompts(grid: Grid, length: int, frac: float, pressure: float, vocab: int) -> dict[str, Any]:
-    base = ("handoff", grid.seed, length, frac, pressure)
+def _prompts(
+    grid: Grid, length: int, frac: float, pressure: float, trial: int, vocab: int
+) -> dict[str, Any]:
+    # (the first trial keeps the seeds of the single-trial grid, so its cells are unchanged)
+    base = ("handoff", grid.seed, length, frac, pressure, *((trial,) if trial else ()))
     p = expand_tokens(
         TokenSpec(derive_seed(*base, "P"), length), vocab_size=vocab, first_id=FIRST_ID
     )
@@ -202,10 +210,13 @@ def run_grid(
 
     t0 = time.perf_counter()
     groups = [(length, frac) for length in grid.prompt_tokens for frac in grid.prefix_fractions]
+    if grid.trials < 1:
+        raise ValueError(f"a grid needs at least one trial per cell, got {grid.trials}")
     specs = {
-        (length, frac, x): _prompts(grid, length, frac, x, VOCAB_SIZE)
+        (length, frac, x, t): _prompts(grid, length, frac, x, t, VOCAB_SIZE)
         for length, frac in groups
         for x in grid.pressures
+        for t in range(grid.trials)
     }
     overrides = {"num_blocks": grid.num_blocks}
     reference = clean_reference(
@@ -235,12 +246,14 @@ def run_grid(
     for length, frac in groups:
         for name in systems:  # A/B per group, fresh engine per (group, system)
             system = make_system(name, model_path, engine_overrides=overrides)
-            for x in grid.pressures:
-                spec = specs[(length, frac, x)]
+            # trial by trial across the pressures, so a slow spell of the machine spreads over
+            # the cells instead of falling on one
+            for t, x in [(t, x) for t in range(grid.trials) for x in grid.pressures]:
+                spec = specs[(length, frac, x, t)]
                 n += 1
                 probe = cpu_probe_ms()
                 out = run_trial(system, f"{n}", spec, grid, checker)
-                ref = list(reference[(length, frac, x)])
+                ref = list(reference[(length, frac, x, t)])
                 cached = out["cached_tokens"]
                 cells.append(
                     {
@@ -248,6 +261,7 @@ def run_grid(
                         "prompt_tokens": length,
                         "prefix_fraction": frac,
                         "pressure": x,
+                        "trial": t,
                         "co_tenant_blocks": spec["demand"],
                         "common_prefix_tokens": spec["keep"],
                         "certifiable_tokens": spec["certifiable"],
@@ -295,9 +309,39 @@ def run_grid(
         "grid": attrs.asdict(grid),
         "systems": list(systems),
         "cells": cells,
+        "points": points(cells),
         "all_outputs_match": all(c["output_matches_reference"] for c in cells),
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def _spread(values: list[Any]) -> dict[str, Any]:
+    got = sorted(v for v in values if v is not None)
+    if not got:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(got), "min": got[0], "max": got[-1]}
+
+
+def points(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per (system, prompt length, prefix fraction, pressure): the cell's trials
+    aggregated, reused tokens and TTFT (steps and ms) as median, min and max."""
+    keys = ("system", "prompt_tokens", "prefix_fraction", "pressure")
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault(tuple(c[k] for k in keys), []).append(c)
+    out = []
+    for key, trials in groups.items():
+        out.append(
+            {
+                **dict(zip(keys, key, strict=True)),
+                "certifiable_tokens": trials[0]["certifiable_tokens"],
+                "trials": len(trials),
+                "reused_tokens": _spread([c["reused_tokens"] for c in trials]),
+                "ttft_steps": _spread([c["ttft_steps"] for c in trials]),
+                "ttft_ms": _spread([c["ttft_ms"] for c in trials]),
+            }
+        )
+    return out
 
 
 def _checker(
@@ -321,6 +365,25 @@ def _checker(
     return checker
 
 
+def _ranges(doc: dict[str, Any], system: str, field: str) -> list[float]:
+    pts = doc.get("points") or points(doc["cells"])
+    return [
+        p[field]["max"] - p[field]["min"]
+        for p in pts
+        if p["system"] == system and p[field]["min"] is not None
+    ]
+
+
+def _range_median(doc: dict[str, Any], system: str, field: str) -> float | None:
+    got = _ranges(doc, system, field)
+    return statistics.median(got) if got else None
+
+
+def _range_max(doc: dict[str, Any], system: str, field: str) -> float | None:
+    got = _ranges(doc, system, field)
+    return max(got) if got else None
+
+
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "all_outputs_match": doc["all_outputs_match"],
@@ -338,10 +401,18 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
             "ttft_ms_median": ttft[len(ttft) // 2] if ttft else None,
             "ttft_steps_median": steps[len(steps) // 2] if steps else None,
             "ttft_steps_max": steps[-1] if steps else None,
+            # how far a cell's trials lie apart: the median over its cells of max - min
+            "ttft_ms_trial_range_median": _range_median(doc, name, "ttft_ms"),
+            "reused_tokens_trial_range_max": _range_max(doc, name, "reused_tokens"),
             "contended_cells": sum(c["cpu_probe_ms"] > CONTENDED_PROBE_MS for c in cells),
             "cells": len(cells),
         }
     return out
+
+
+def _median_cell(point: dict[str, Any]) -> str:
+    m = point["reused_tokens"]["median"]
+    return "-" if m is None else f"{m:g}"
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -351,12 +422,14 @@ def table(doc: dict[str, Any]) -> str:
         f"{p:>6.2f}" for p in pressures
     )
     lines = [head, "-" * len(head)]
-    groups = sorted({(c["prompt_tokens"], c["prefix_fraction"]) for c in doc["cells"]})
+    pts = doc.get("points") or points(doc["cells"])
+    groups = sorted({(c["prompt_tokens"], c["prefix_fraction"]) for c in pts})
+    spread = []
     for length, frac in groups:
         for name in doc["systems"]:
             row = sorted(
                 (c["pressure"], c)
-                for c in doc["cells"]
+                for c in pts
                 if c["system"] == name
                 and c["prompt_tokens"] == length
                 and c["prefix_fraction"] == frac
@@ -364,13 +437,22 @@ def table(doc: dict[str, Any]) -> str:
             if not row:
                 continue
             label = f"{LABELS[name]}, L={length}, f={frac} ({row[0][1]['certifiable_tokens']})"
-            lines.append(
-                f"{label:<44}"
-                + "".join(
-                    f"{c['reused_tokens'] if c['reused_tokens'] is not None else '-':>6}"
-                    for _, c in row
-                )
-            )
+            lines.append(f"{label:<44}" + "".join(f"{_median_cell(c):>6}" for _, c in row))
+            spread += [
+                f"{LABELS[name]}, L={length}, f={frac}, pressure {x:.2f}: "
+                f"{c['reused_tokens']['min']}-{c['reused_tokens']['max']}"
+                for x, c in row
+                if c["reused_tokens"]["min"] != c["reused_tokens"]["max"]
+            ]
+    trials = sorted({c["trials"] for c in pts})
+    lines.append(
+        f"(median of {'/'.join(map(str, trials))} trials per cell; "
+        + (
+            "reuse differed between trials in: " + "; ".join(spread) + ")"
+            if spread
+            else "every trial of a cell reused the same)"
+        )
+    )
     s = summary(doc)
     lines.append("")
     for name in doc["systems"]:
@@ -378,7 +460,8 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(
             f"{LABELS[name]}: reused {share:.0%} of the reusable prefix over the grid, "
             f"recomputed {s[name]['recomputed_prefill_tokens']} prefill tokens, "
-            f"successor TTFT median {s[name]['ttft_ms_median']:.0f} ms / "
+            f"successor TTFT median {s[name]['ttft_ms_median']:.0f} ms (a cell's trials "
+            f"{s[name]['ttft_ms_trial_range_median']:.0f} ms apart, median) / "
             f"{s[name]['ttft_steps_median']} engine steps (max {s[name]['ttft_steps_max']}); "
             f"{s[name]['contended_cells']}/{s[name]['cells']} cells on a contended CPU"
             if share is not None and s[name]["ttft_ms_median"] is not None

@@ -81,7 +81,9 @@ def replay_plots(results: dict[str, list[Any]], out_dir: Path) -> list[Path]:
 
 def handoff_plot(doc: dict[str, Any], path: Path) -> Path:
     plt = _plt()
-    cells = doc["cells"]
+    from retire_bench.handoff import points
+
+    cells = doc.get("points") or points(doc["cells"])  # the median of a cell's trials, min-max
     groups = sorted({(c["prompt_tokens"], c["prefix_fraction"]) for c in cells})
     systems = [s for s in ("native", "retire") if any(c["system"] == s for c in cells)]
     fig, axes = plt.subplots(2, len(groups), figsize=(3.3 * len(groups), 5.0), squeeze=False)
@@ -94,23 +96,21 @@ def handoff_plot(doc: dict[str, Any], path: Path) -> Path:
                 and c["prompt_tokens"] == length
                 and c["prefix_fraction"] == frac
             )
-            xs = [p for p, _ in pts]
-            axes[0][col].plot(
-                xs,
-                [c["reused_tokens"] for _, c in pts],
-                "o-",
-                ms=3,
-                color=_COLORS[name],
-                label=LABELS[name],
-            )
-            axes[1][col].plot(
-                xs,
-                [c["ttft_steps"] for _, c in pts],
-                "o-",
-                ms=3,
-                color=_COLORS[name],
-                label=LABELS[name],
-            )
+            for row, field in ((0, "reused_tokens"), (1, "ttft_steps")):
+                got = [(x, c[field]) for x, c in pts if c[field]["median"] is not None]
+                axes[row][col].errorbar(
+                    [x for x, _ in got],
+                    [v["median"] for _, v in got],
+                    yerr=[
+                        [v["median"] - v["min"] for _, v in got],
+                        [v["max"] - v["median"] for _, v in got],
+                    ],
+                    fmt="o-",
+                    ms=3,
+                    capsize=2,
+                    color=_COLORS[name],
+                    label=LABELS[name],
+                )
         common = pts[0][1]["certifiable_tokens"] if pts else 0
         axes[0][col].axhline(common, color="0.6", ls="--", lw=0.8)
         axes[0][col].set_title(f"prompt {length}, prefix {frac:.0%}", fontsize=9)

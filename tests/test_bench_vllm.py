@@ -119,15 +119,27 @@ def test_handoff_two_pressure_points() -> None:
     from retire_bench.systems import facade_available
 
     assert facade_available(), "retire_vllm.facade (issue 4) is needed for the Retire arm"
-    grid = handoff.Grid(prompt_tokens=(256,), prefix_fractions=(0.9,), pressures=(0.0, 1.0))
+    grid = handoff.Grid(
+        prompt_tokens=(256,), prefix_fractions=(0.9,), pressures=(0.0, 1.0), trials=2
+    )
     doc = handoff.run_grid(grid, ["native", "retire"], progress=False)
     assert doc["all_outputs_match"]
-    cells = {(c["system"], c["pressure"]): c for c in doc["cells"]}
-    reusable = cells[("native", 0.0)]["certifiable_tokens"]
+    assert len(doc["cells"]) == 2 * 2 * 2  # systems x pressures x trials
+    # every trial runs its own prompts, so no trial finds another's prefix in the cache
+    from retire_vllm.default_model import VOCAB_SIZE
+
+    first, second = (handoff._prompts(grid, 256, 0.9, 0.0, t, VOCAB_SIZE) for t in (0, 1))
+    assert first["P"][:32] != second["P"][:32] and first["co"] == second["co"] == []
+    points = {(p["system"], p["pressure"]): p for p in doc["points"]}
+    assert {p["trials"] for p in points.values()} == {2}
+    reusable = points[("native", 0.0)]["certifiable_tokens"]
     assert reusable == 224
-    assert cells[("native", 0.0)]["reused_tokens"] == reusable
-    assert cells[("native", 1.0)]["reused_tokens"] == 0  # evicted between abort and resubmit
-    assert cells[("retire", 1.0)]["reused_tokens"] == reusable  # pinned until adopted
+    every = {"median": reusable, "min": reusable, "max": reusable}
+    assert points[("native", 0.0)]["reused_tokens"] == every
+    none = {"median": 0, "min": 0, "max": 0}
+    assert points[("native", 1.0)]["reused_tokens"] == none  # evicted between abort and resubmit
+    assert points[("retire", 1.0)]["reused_tokens"] == every  # pinned until adopted
+    assert "median of 2 trials per cell" in handoff.table(doc)
     assert all(c["close_error"] is None for c in doc["cells"])
     assert all(c["checker_ok"] for c in doc["cells"] if c["system"] == "retire")
     assert doc["checker_admitted"]
