@@ -243,6 +243,37 @@ def _duplicate_receipt(facade: Any, checker: Any, rng: random.Random, out: Outco
     _judge(facade, checker, scope, out, adopted=None)
 
 
+def _lost_receipt(facade: Any, checker: Any, rng: random.Random, out: Outcome) -> None:
+    """The fenced request's receipt is lost on its way to the core. The successor runs on the
+    certified, writer-closed prefix (admission does not wait for receipts), but RECLAIM must
+    not give back a page the silent participant may still write: until the receipt arrives the
+    version stays undrained and its unshared pages stay held. The receipt delivered late then
+    frees them."""
+    from retire_vllm import faults
+
+    scope = "lost"
+    succ = _revised(facade, rng, scope)
+    participant = facade.version_record(scope, 0).participants[0]
+    lost = faults.lose_receipt(facade, participant)
+    facade.supersede(scope, succ, max_tokens=8)  # the fence: its receipt never reaches the core
+    out.injected = lost.receipt is not None
+    _drive(facade, scope)
+    core = facade.retire
+    adopted = set(facade.version_record(scope).adopted_pages)
+    kept = [p for p in facade.version_record(scope, 0).pages if p not in adopted]
+    held = [p for p in kept if p in core.state.pages and core.state.pages[p].held]
+    silent = participant in core.scope(scope).running(0)
+    out.detected = bool(kept) and silent and held == kept  # fail closed: nothing reclaimed
+    if lost.receipt is not None:
+        faults.redeliver_receipt(facade, scope, 0, participant)  # the worker's report, late
+    freed = not any(p in core.state.pages for p in kept)
+    out.details.update(
+        unshared_pages=len(kept), held_while_silent=len(held), freed_after_redelivery=freed
+    )
+    _judge(facade, checker, scope, out, adopted=None)
+    out.repaired = out.repaired and freed
+
+
 def _late_frame(facade: Any, checker: Any, rng: random.Random, out: Outcome) -> None:
     scope = "late"
     succ = _revised(facade, rng, scope)
@@ -348,6 +379,13 @@ FAULTS: dict[str, Fault] = {
             _late_frame,
         ),
         Fault(
+            "lost_receipt",
+            "the fenced v0 request's receipt swallowed on its way to the core; delivered later",
+            "v1 runs on the certified prefix; v0 stays undrained, none of its pages reclaimed "
+            "until the late receipt frees them",
+            _lost_receipt,
+        ),
+        Fault(
             "duplicate_frame",
             "copies of v0 frames already published, re-delivered after the revision",
             "Drop them; nothing obsolete published",
@@ -366,7 +404,6 @@ FAULTS: dict[str, Fault] = {
 NOT_YET: dict[str, str] = {
     "tp_worker_killed": "needs a TP worker process killed mid-fence (not yet)",
     "engine_core_killed": "needs the engine-core process of retire serve killed (not yet)",
-    "lost_receipt": "a participant that never reports closure: needs a stalled worker (not yet)",
     "duplicate_current_frame": "in-process and over one ZMQ socket vLLM emits each output once; "
     "the core decides frames by version, not id, so it is the transport's to deliver once",
 }

@@ -11,12 +11,17 @@
   the core's decision; a published frame reaches the consumer queue like any other.
 * :func:`redeliver_receipt` hands the core a participant's receipt again (a duplicated closure
   report); the core must refuse it with a typed error and change nothing.
+* :func:`lose_receipt` swallows a participant's next receipt on its way to the core (a closure
+  report lost with its worker's message): the core must keep every page that participant may
+  still write, and take the receipt when it is delivered late.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from retire_core import Drop, FrameArrived, FrameKind, Publish, Receipt
 
@@ -58,3 +63,27 @@ def inject_frame(facade: RetireEngine, scope: str, version: int, token_ids: Sequ
 def redeliver_receipt(facade: RetireEngine, scope: str, version: int, participant: str) -> None:
     """Hand the core ``participant``'s receipt once more (raises the core's typed error)."""
     facade.emit(Receipt(scope, version, participant))
+
+
+@attrs.define
+class LostReceipt:
+    """What :func:`lose_receipt` swallowed: the receipt, once it has gone by."""
+
+    participant: str
+    receipt: Receipt | None = None
+
+
+def lose_receipt(facade: RetireEngine, participant: str) -> LostReceipt:
+    """Swallow ``participant``'s next ``Receipt`` on its way from the facade to the core (the
+    facade believes it delivered it); ``redeliver_receipt`` delivers it late."""
+    lost = LostReceipt(participant)
+    emit: Callable[..., Any] = facade.emit
+
+    def lossy(event: Any, *args: Any, **kwargs: Any) -> Any:
+        if lost.receipt is None and isinstance(event, Receipt) and event.participant == participant:
+            lost.receipt = event
+            return []
+        return emit(event, *args, **kwargs)
+
+    facade.emit = lossy  # type: ignore[method-assign]
+    return lost
