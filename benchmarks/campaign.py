@@ -24,6 +24,7 @@ import argparse
 import json
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from retire_bench import campaign_serving
 from retire_checks.cli import command
 from retire_core import ReleaseReason
 
@@ -60,7 +62,10 @@ class Fault:
     name: str
     injection: str  # where and when the fault is injected
     must: str  # what Retire must do
-    trial: Trial
+    trial: Callable[..., Any]  # a ``Trial``, or for a serving fault (victim, start, rng, out)
+    # a fault of ``retire serve``'s processes: its trial gets a server and a way to start
+    # another (``campaign_serving``), not an in-process facade
+    serving: bool = False
 
 
 # --- shared pieces -------------------------------------------------------------------------------
@@ -392,6 +397,15 @@ FAULTS: dict[str, Fault] = {
             _duplicate_frame,
         ),
         Fault(
+            "engine_core_killed",
+            "retire serve's engine-core process SIGKILLed 0-60 ms after a revision was sent "
+            "while the first version streams",
+            "no old token after acceptance; the server stops serving; a new server serves the "
+            "scope cold (nothing inherited unverified), output as a cold run, nothing left",
+            campaign_serving.engine_core_killed,
+            serving=True,
+        ),
+        Fault(
             "reordered_frames",
             "v0 frames arriving after v1's frames were published",
             "Drop them; v1's output unaffected",
@@ -403,7 +417,6 @@ FAULTS: dict[str, Fault] = {
 #: Faults of issue 18 item 3 that this campaign does not inject yet, and why.
 NOT_YET: dict[str, str] = {
     "tp_worker_killed": "needs a TP worker process killed mid-fence (not yet)",
-    "engine_core_killed": "needs the engine-core process of retire serve killed (not yet)",
     "duplicate_current_frame": "in-process and over one ZMQ socket vLLM emits each output once; "
     "the core decides frames by version, not id, so it is the transport's to deliver once",
 }
@@ -432,6 +445,40 @@ def _trial(engine: Any, checker: Any, fault: Fault, seed: int, trial: int) -> Ou
     return out
 
 
+class _Servers:
+    """``retire serve`` processes for the serving faults: each trial's replacement server is
+    the next trial's victim; the last one is closed (its core log validated) at the end."""
+
+    def __init__(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="retire-campaign-"))
+        self.started = 0
+        self.server: Any = None
+
+    def start(self) -> Any:
+        from retire_bench.servers import RetireServer
+
+        self.started += 1
+        return RetireServer(self.tmp / f"server-{self.started}")
+
+    def trial(self, fault: Fault, seed: int, trial: int) -> Outcome:
+        out = Outcome()
+        rng = random.Random(f"{seed}:{fault.name}:{trial}")
+        try:
+            if self.server is None:
+                self.server = self.start()
+            victim, self.server = self.server, None
+            self.server = fault.trial(victim, self.start, rng, out)
+        except Exception as err:
+            out.error = f"{type(err).__name__}: {err}"
+            out.repaired = False
+        return out
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
 def run(
     names: Sequence[str],
     trials: int,
@@ -457,12 +504,16 @@ def run(
     t0 = time.perf_counter()
     per_trial: list[dict[str, Any]] = []
     summary: dict[str, dict[str, int]] = {}
+    servers = _Servers()
     try:
         for name in names:
             fault = FAULTS[name]
             totals = {"injected": 0, "detected": 0, "repaired": 0, "wrong_output": 0}
             for trial in range(trials):
-                out = _trial(engine, checker, fault, seed, trial)
+                if fault.serving:
+                    out = servers.trial(fault, seed, trial)
+                else:
+                    out = _trial(engine, checker, fault, seed, trial)
                 totals["injected"] += out.injected
                 totals["detected"] += out.detected
                 totals["repaired"] += out.repaired
@@ -472,6 +523,7 @@ def run(
     finally:
         for eng in built:
             eng.engine_core.shutdown()
+        servers.close()
     return {
         "seed": seed,
         "trials": trials,
