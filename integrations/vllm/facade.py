@@ -631,16 +631,20 @@ class RetireEngine:
 
     def _close_completed_writers(self) -> None:
         completed, self._completed = self._completed, []
+        self.close_writers(completed)
+
+    def close_writers(self, blocks: Iterable[int]) -> None:
+        """``WriterClosed`` with the digest of its KV bytes for each of ``blocks`` whose writer is
+        still open, to the core in one batch."""
         pages = self.pages
-        todo = [p for p in dict.fromkeys(completed) if p in pages and pages[p].writer_open]
+        todo = [p for p in dict.fromkeys(blocks) if p in pages and pages[p].writer_open]
         if not todo:
             return
         events: list[Event] = []
         for page, digest in self.read_digests(todo).items():
             pages[page].writer_open = False
             events.append(WriterClosed(page, digest))
-        if events:
-            self.emit_batch(events)
+        self.emit_batch(events)
 
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
         """GenerationSpy listener: a block id we still retain went to a new owner."""

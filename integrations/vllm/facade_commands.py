@@ -28,7 +28,6 @@ from retire_core import (
     Certificate,
     Command,
     Drop,
-    Event,
     Fence,
     FenceWrite,
     Free,
@@ -38,7 +37,6 @@ from retire_core import (
     Publish,
     Receipt,
     Unpin,
-    WriterClosed,
 )
 
 from . import observe
@@ -145,14 +143,7 @@ class FacadeCommands:
         f = self.facade
         rec = req.record
         self.release_handoff_pins(req)
-        pages = f.pages
-        open_pages = [p for p in req.pages if p in pages and pages[p].writer_open]
-        closures: list[Event] = []
-        for page, digest in f.read_digests(open_pages).items():
-            pages[page].writer_open = False
-            closures.append(WriterClosed(page, digest))
-        if closures:
-            f.emit_batch(closures)
+        f.close_writers(req.pages)
         todo = [p for p in participants if p not in req.closed]
         ranks = [p for p in todo if p != req.rid]
         if ranks:
