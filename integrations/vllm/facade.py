@@ -60,11 +60,13 @@ from retire_core import (
     Cancel,
     Command,
     Contract,
+    Drop,
     Event,
     FrameArrived,
     FrameKind,
     PageReused,
     Pause,
+    Publish,
     Retire,
     ScopeState,
     Submit,
@@ -181,11 +183,7 @@ class RetireEngine:
         self.participant_rid: dict[str, str] = {}
         self.internal_ids: dict[str, str] = {}  # external request id -> internal id
         self.queues: dict[str, deque[Chunk]] = {}
-        # Frames the core has not decided yet: an engine frame's chunk (queued when published), or
-        # None for a consumer or commit frame, whose caller reads its outcome from ``_outcomes``.
-        self.frames: dict[int, Chunk | None] = {}
-        self.outcomes: dict[int, str] = {}  # frame -> "publish" or the drop reason
-        self._frame_ids = itertools.count()
+        self._frame_ids = itertools.count()  # every frame id is decided once, by its caller
         self._completed: list[int] = []
         self._held: set[str] = set()
         self._maybe_paused: set[str] = set()  # scopes paused through ``pause`` (maybe unpaused)
@@ -270,12 +268,12 @@ class RetireEngine:
         # The engine-boundary TOKEN frames of this step's outputs go to the core as one batch,
         # flushed before a finished request is closed so that the core sees every event in the
         # order it would one by one.
-        frames: list[Event] = []
+        frames: list[Chunk] = []
         on_output = self._on_output
         for out in outputs:
             on_output(out, frames)
         if frames:
-            self.emit_batch(frames)
+            self.deliver_engine_frames(frames)
         if commands.deferred:
             commands.run_deferred()
         for obs in self.observers:
@@ -291,21 +289,21 @@ class RetireEngine:
         # Every queued chunk crosses the boundary as its own frame; the core decides them all in
         # one batch (consumer frames only ever publish or drop, so nothing in between differs).
         chunks = list(queue)
-        frames = [self._new_frame(None) for _ in chunks]
+        frames = [next(self._frame_ids) for _ in chunks]
         token = FrameKind.TOKEN
-        self.emit_batch(
-            [
-                FrameArrived(scope, chunk.version, frame, token)
-                for chunk, frame in zip(chunks, frames, strict=True)
-            ]
+        fates = _fates(
+            self.emit_batch(
+                [
+                    FrameArrived(scope, chunk.version, frame, token)
+                    for chunk, frame in zip(chunks, frames, strict=True)
+                ]
+            )
         )
         for _ in chunks:
             queue.popleft()
         versions = self.records[scope].versions
-        outcomes = self.outcomes
         for chunk, frame in zip(chunks, frames, strict=True):
-            outcome = outcomes.pop(frame, None)
-            assert outcome is not None, "a frame must be decided when it arrives"
+            outcome = fates[frame]  # the core decides every frame when it arrives
             rec = versions[chunk.version]
             if outcome == "publish":
                 now = self.clock()
@@ -525,25 +523,23 @@ class RetireEngine:
         events: list[Event] = []
         frames: list[tuple[FacadeRequest, int]] = []
         reqs = self.reqs
-        new_frame = self._new_frame
+        frame_ids = self._frame_ids
         commit = FrameKind.COMMIT
         for rid in scheduler_output.num_scheduled_tokens:
             req = reqs.get(rid)
             if req is None:
                 continue
-            frame = new_frame(None)
+            frame = next(frame_ids)
             events.append(FrameArrived(req.scope, req.version, frame, commit))
             frames.append((req, frame))
         if not events:
             return refused
-        self.emit_batch(events)  # one COMMIT frame per scheduled request, decided together
-        outcomes = self.outcomes
+        # one COMMIT frame per scheduled request, decided together
+        fates = _fates(self.emit_batch(events))
         for req, frame in frames:
             rec = req.record
             rec.commits += 1
-            outcome = outcomes.pop(frame, None)
-            assert outcome is not None, "a commit must be decided when it arrives"
-            if outcome != "publish":
+            if fates[frame] != "publish":
                 refused.add(req.rid)
                 rec.commits_dropped += 1
                 self.stats.commits_dropped += 1
@@ -567,16 +563,27 @@ class RetireEngine:
 
     # ---- frames ---------------------------------------------------------------------------------
 
-    def _new_frame(self, chunk: Chunk | None) -> int:
-        """A new frame id: an engine frame carries its ``chunk``; for a consumer or commit frame
-        (``None``) the outcome is kept in ``_outcomes`` for the caller."""
-        fid = next(self._frame_ids)
-        self.frames[fid] = chunk
-        return fid
+    def deliver_engine_frames(self, chunks: list[Chunk]) -> list[str]:
+        """Each chunk crosses the engine boundary as a TOKEN frame, all decided in one batch: a
+        published chunk joins its scope's consumer queue, a dropped one is counted against its
+        version. Returns each frame's fate, ``"publish"`` or the drop reason."""
+        token = FrameKind.TOKEN
+        events = [FrameArrived(c.scope, c.version, next(self._frame_ids), token) for c in chunks]
+        fates = _fates(self.emit_batch(list(events)))
+        out = []
+        for event, chunk in zip(events, chunks, strict=True):
+            fate = fates[event.frame]
+            if fate == "publish":
+                self.queues[chunk.scope].append(chunk)
+            else:
+                rec = self.records[chunk.scope].version(chunk.version)
+                rec.dropped_engine_tokens += len(chunk.token_ids)
+            out.append(fate)
+        return out
 
-    def _on_output(self, out: Any, frames: list[Event] | None = None) -> None:
-        """Record one ``RequestOutput``; its TOKEN frame is appended to ``frames`` (handed to the
-        core by the caller) or, without a list, handed over at once."""
+    def _on_output(self, out: Any, frames: list[Chunk] | None = None) -> None:
+        """Record one ``RequestOutput``; its chunk is appended to ``frames`` (delivered at the
+        engine boundary by the caller) or, without a list, delivered at once."""
         # RequestOutput carries the external id; map it back to the internal one.
         rid = out.request_id
         rid = self.internal_ids.get(rid, rid)
@@ -608,16 +615,15 @@ class RetireEngine:
             rec.finished_at = now
         if tokens or finished:
             chunk = Chunk(req.scope, req.version, tokens, finished, completion.finish_reason)
-            event = FrameArrived(req.scope, req.version, self._new_frame(chunk), FrameKind.TOKEN)
             if frames is None:
-                self.emit(event)
+                self.deliver_engine_frames([chunk])
             else:
-                frames.append(event)
+                frames.append(chunk)
         if finished and completion.finish_reason != "abort":
             if frames:
                 pending = list(frames)
                 frames.clear()
-                self.emit_batch(pending)
+                self.deliver_engine_frames(pending)
             self.commands.close_request(req, req.participants)
 
     # ---- pages ---------------------------------------------------------------------------------
@@ -714,6 +720,17 @@ class RetireEngine:
             raise ValueError(
                 f"only exact output equivalence is supported, not {contract.equivalence!r}"
             )
+
+
+def _fates(commands: Iterable[Command]) -> dict[int, str]:
+    """Frame id -> ``"publish"`` or the drop reason, read from the commands the core returned."""
+    fates: dict[int, str] = {}
+    for cmd in commands:
+        if isinstance(cmd, Publish):
+            fates[cmd.frame] = "publish"
+        elif isinstance(cmd, Drop):
+            fates[cmd.frame] = cmd.reason
+    return fates
 
 
 # --- several engines sharing nothing -------------------------------------------------------------

@@ -1,16 +1,15 @@
 """``FacadeCommands``: the in-process facade's one executor of ``retire_core`` commands.
 
-``RetireEngine`` (``facade``) observes vLLM, builds events and hands them to the core; every
-command the core returns comes here, is queued, and is carried out in order against vLLM and the
-facade's records: ``Publish``/``Drop`` deliver or discard a frame's chunk (or keep a consumer or
-commit frame's outcome for its caller), ``Fence`` aborts the requests (deferred to the step
-boundary while a step runs), closes their open writers and delivers the receipts, ``PinCertified``
-pins the certified blocks and queues the byte check (sent at the next step boundary),
-``Adopt``/``Unpin``/``Free`` move the block ledger's references, and ``Admit`` adds the version's
-request to the engine. Nothing here decides protocol, and nothing here observes a scheduler step:
-the events it reports (writer closures and receipts of a fenced or finished request, the byte
-check, a started participant) are the direct consequences of carrying out a command or of a
-request the facade saw finish.
+``RetireEngine`` (``facade``) observes vLLM, builds events and hands them to the core; every command
+the core returns comes here, is queued, and is carried out in order against vLLM and the facade's
+records: ``Publish``/``Drop`` are counted (the caller that handed the frame over reads its fate from
+the commands it got back), ``Fence`` aborts the requests (deferred to the step boundary while a step
+runs), closes their open writers and delivers the receipts, ``PinCertified`` pins the certified
+blocks and queues the byte check (sent at the next step boundary), ``Adopt``/``Unpin``/``Free`` move
+the block ledger's references, and ``Admit`` adds the version's request to the engine. Nothing here
+decides protocol, and nothing here observes a scheduler step: the events it reports (writer closures
+and receipts of a fenced or finished request, the byte check, a started participant) are the direct
+consequences of carrying out a command or of a request the facade saw finish.
 """
 
 from __future__ import annotations
@@ -104,23 +103,10 @@ class FacadeCommands:
     # ---- frames ---------------------------------------------------------------------------------
 
     def _publish(self, cmd: Publish) -> None:
-        f = self.facade
-        chunk = f.frames.pop(cmd.frame)
-        f.stats.frames_published += 1
-        if chunk is None:
-            f.outcomes[cmd.frame] = "publish"
-        else:
-            f.queues[cmd.scope].append(chunk)
+        self.facade.stats.frames_published += 1  # the frame's caller delivers it
 
     def _drop(self, cmd: Drop) -> None:
-        f = self.facade
-        chunk = f.frames.pop(cmd.frame)
-        f.stats.frames_dropped += 1
-        if chunk is None:
-            f.outcomes[cmd.frame] = cmd.reason
-        else:
-            rec = f.records[cmd.scope].version(cmd.version)
-            rec.dropped_engine_tokens += len(chunk.token_ids)
+        self.facade.stats.frames_dropped += 1  # the frame's caller discards it
 
     # ---- fencing and receipts ------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from retire_core import Drop, FrameArrived, FrameKind, Publish, Receipt
+from retire_core import Receipt
 
 from . import introspect as ix
 
@@ -51,13 +51,8 @@ def inject_frame(facade: RetireEngine, scope: str, version: int, token_ids: Sequ
     from .facade_records import Chunk
 
     chunk = Chunk(scope, version, tuple(int(t) for t in token_ids), False, None)
-    frame = facade._new_frame(chunk)
-    for cmd in facade.emit(FrameArrived(scope, version, frame, FrameKind.TOKEN)):
-        if isinstance(cmd, Publish) and cmd.frame == frame:
-            return "publish"
-        if isinstance(cmd, Drop) and cmd.frame == frame:
-            return str(cmd.reason)
-    raise AssertionError(f"frame {frame} was not decided")  # pragma: no cover - core contract
+    (fate,) = facade.deliver_engine_frames([chunk])
+    return fate
 
 
 def redeliver_receipt(facade: RetireEngine, scope: str, version: int, participant: str) -> None:

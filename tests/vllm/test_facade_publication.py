@@ -107,8 +107,6 @@ def test_publication_trials_native_vs_retire(engine: Any, checker: Checker) -> N
 
     with attached(engine) as facade:
         ret = run_trials(facade, retire=True)
-        # Every frame was decided when it arrived, and every outcome was read by its caller.
-        assert facade.frames == {} and facade.outcomes == {}
         verdicts = [checker.verify(facade, p["scope"]) for p in ret["plans"]]
         # Between steps, the old request is aborted before the next schedule: the commit gate
         # never sees it. Only a revision that lands while a step is in flight reaches the gate.
