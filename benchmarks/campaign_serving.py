@@ -1,16 +1,16 @@
 """``retire campaign``'s faults that need a real server: the engine-core process killed.
 
 ``retire serve`` runs the version authority (``retire_core``) and the KV blocks inside vLLM's
-engine-core process. ``engine_core_killed`` SIGKILLs that process while versions are live: a
-scope's first version streams, its revision is sent, and the process dies at a random moment
-from 0 to 60 ms later (before the revision was accepted, or after). What Retire must do: no token
-of the old version reaches the client after the revision was accepted (the kill changes
-nothing about that), the server stops serving (its health check fails or it exits: vLLM's API
-process shuts down with its engine), and nothing survives the crash that a successor could
-inherit without verification: a new server serves the scope's next request cold (version 0, no
-adopted block, no cached prompt token), with the same output as an unscoped request of the same
-prompt, and ends clean. The core log the killed process wrote is validated up to its last
-complete line (a prefix of a behaviour is a behaviour). Each trial's replacement server is the
+engine-core process. ``engine_core_killed`` SIGKILLs that process while versions are live: a scope's
+first version streams, its revision is sent, and the process dies at a random moment from 0 to 60 ms
+later (before the revision was accepted, or after). What Retire must do: no token of the old version
+reaches the application after the revision was accepted (it reads through ``ScopeReader``, which
+drops what was still on the wire then), the server stops serving (its health check fails or it
+exits: vLLM's API process shuts down with its engine), and nothing survives the crash that a
+successor could inherit without verification: a new server serves the scope's next request cold
+(version 0, no adopted block, no cached prompt token), with the same output as an unscoped request
+of the same prompt, and ends clean. The core log the killed process wrote is validated up to its
+last complete line (a prefix of a behaviour is a behaviour). Each trial's replacement server is the
 next trial's victim. What does not live here: the in-process faults (``campaign``), the server
 process wrapper (``servers``).
 """
@@ -33,6 +33,7 @@ from retire_bench.servers import RETIRE, RetireServer
 if TYPE_CHECKING:
     from retire_bench.campaign import Outcome
 
+READ_TIMEOUT_S = 10.0
 KILL_WINDOW_S = 0.06  # the kill lands this long after the revision is sent, at most
 DEAD_WITHIN_S = 60.0  # the API process must stop serving within this time of the kill
 ENGINE_CORE = "VLLM::EngineCor"  # /proc/PID/comm of vLLM's engine-core process (15 chars)
@@ -70,12 +71,13 @@ def _stream(client: Any, model: str, tokens: list[int], scope: str | None, n: in
     )
 
 
-def _read(stream: Any, into: list[tuple[float, Any]]) -> None:
-    """Every chunk with the time it was read, until the stream ends or breaks."""
+def _read(stream: Any, app: Any, into: list[tuple[float, bool, Any]]) -> None:
+    """Every chunk with the time it was read and whether the application's ``ScopeReader`` let
+    it through, until the stream ends or breaks."""
     try:
         for chunk in stream:
-            into.append((time.monotonic(), chunk))
-    except Exception:  # the server died under it
+            into.append((time.monotonic(), app.admit(chunk), chunk))
+    except Exception:  # the server died under it, or the read timed out
         pass
 
 
@@ -119,23 +121,31 @@ def engine_core_killed(
     """One trial against ``victim``; returns the server that replaced it (the next victim)."""
     import openai
 
+    from retire_vllm.client import ScopeReader
+
     scope = f"killed-{rng.randrange(1 << 30)}"
-    c = openai.OpenAI(base_url=f"{victim.base}/v1", api_key="none", max_retries=0)
+    # (a read timeout: a stream whose engine died is not always ended by the API process)
+    c = openai.OpenAI(
+        base_url=f"{victim.base}/v1", api_key="none", max_retries=0, timeout=READ_TIMEOUT_S
+    )
     tokens = _tokens(rng, 96)
     revision = tokens[:64] + _tokens(rng, 32)
-    old: list[tuple[float, Any]] = []
-    new: list[tuple[float, Any]] = []
+    app = ScopeReader()  # the application reads through the publication rule
+    old: list[tuple[float, bool, Any]] = []
+    new: list[tuple[float, bool, Any]] = []
     v0 = _stream(c, victim.model, tokens, scope, 3000)
+    app.accept_response(scope, v0)
     first = next(iter(v0))
-    old_reader = threading.Thread(target=_read, args=(v0, old), daemon=True)
+    old_reader = threading.Thread(target=_read, args=(v0, app, old), daemon=True)
     old_reader.start()
     accepted: list[float] = []
 
     def revise() -> None:
         try:
             s = _stream(c, victim.model, revision, scope, 3000)
-            accepted.append(time.monotonic())  # the headers came: the revision was accepted
-            _read(s, new)
+            app.accept_response(scope, s)  # the headers came: the revision was accepted
+            accepted.append(time.monotonic())
+            _read(s, app, new)
         except Exception:
             pass  # the server died before accepting it
 
@@ -150,11 +160,13 @@ def engine_core_killed(
     old_reader.join(30)
     reviser.join(30)
     seconds["streams_ended"] = time.monotonic() - killed
-    # Obsolete tokens the client read after the revision was accepted (must be none).
-    late = [
-        ch for t, ch in old if accepted and t > accepted[0] and ch.choices and ch.choices[0].text
-    ]
-    out.wrong_output += len(late)
+    # What of v0 reached the client after the revision was accepted: chunks already on the
+    # wire then, which the application's reader drops; none may reach the application.
+    wire = [(ok, ch) for t, ok, ch in old if accepted and t > accepted[0]]
+    handed = [ch for ok, ch in wire if ok and ch.choices and ch.choices[0].text]
+    out.wrong_output += len(handed)
+    os.killpg(victim.proc.pid, signal.SIGKILL)  # the rest of it: nothing left to shut down
+    victim.proc.wait()
     victim.stop()
     seconds["victim_stopped"] = time.monotonic() - killed
     rejected = _validate_prefix(victim.core_log)
@@ -189,7 +201,8 @@ def engine_core_killed(
         revision_accepted=bool(accepted),
         old_chunks_read=len(old),
         new_chunks_read=len(new),
-        old_tokens_after_acceptance=len(late),
+        old_chunks_on_the_wire_after_acceptance=len(wire),
+        old_chunks_handed_to_the_application_after_acceptance=len(handed),
         successor_after_restart=status,
         core_log_rejected=rejected,
         seconds_after_kill={k: round(v, 1) for k, v in seconds.items()},
