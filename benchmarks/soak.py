@@ -10,19 +10,23 @@ belong together, and would need a second timing layer beside its own. One asynci
 keeps hundreds of concurrent streams cheap (the client shares the machine with the server), and
 its code is the code the serving benchmarks already run.
 
-What the clients do: ``--clients`` of them take the scopes (``--scopes``, each with its tenant
-and its own prompt) one at a time from a round-robin queue until ``--seconds`` have passed. A
-visit is a *burst*: the first request opens the scope (or revises it when it is still live: a
-finished or interrupted version), then 1 to ``--max-revisions`` revisions follow, each sent once
-the client has read a few tokens of the version before it (which the revision supersedes: the
-old stream must end with ``superseded``). Each revision keeps the scope's prompt prefix, so it
-inherits the certified blocks of the version before it. The burst's last version then either
-runs to its end (``length``; the scope stays live and is revised again on a later visit), is
-cancelled (``POST /v1/scopes/{scope}/cancel``: its stream ends ``cancelled``; the slot opens a
-new scope id next time), or is closed by the client (vLLM aborts it; the scope keeps its pages
-for the next visit's revision). The server's idle expiry (``--ttl``) cancels scopes not visited
-for that long and forgets cancelled ones: a visit that finds its scope expired gets 409
-``scope_cancelled`` and the slot opens a new id.
+What the clients do: first every scope (``--scopes``, each with its tenant and its own prompt)
+is opened with a one-token version, so that the load starts with all of them live (not timed).
+Then ``--clients`` clients take the scopes one at a time from a round-robin queue until
+``--seconds`` have passed. A visit is a *burst*: its first request revises the scope (whose
+version ran to its end or was interrupted), then 1 to ``--max-revisions`` revisions follow, each
+sent once the client has read a few tokens of the version before it (which the revision
+supersedes: the old stream must end with ``superseded``). Each revision keeps the scope's prompt
+prefix, so it inherits the certified blocks of the version before it. The burst's last version
+then either runs to its end (``length``; the scope stays live and is revised again on a later
+visit), is cancelled (``POST /v1/scopes/{scope}/cancel``: its stream ends ``cancelled``; the
+slot opens a new scope id on its next visit), or is closed by the client (vLLM aborts it; the
+scope keeps its pages for the next visit's revision). The server's idle expiry (``--ttl``,
+default the server's 900 s) cancels scopes not visited for that long and forgets cancelled ones
+that long after: a visit that finds its scope expired gets 409 ``scope_cancelled`` and opens
+the slot's new scope, one that finds it forgotten opens it again under the same id (version 0).
+Scope records therefore number the live scopes plus those cancelled within the last ttl: flat
+only in a run longer than the ttl.
 
 Measured: requests/s (generation requests answered), supersede latency (revision sent -> old
 stream ended with ``superseded``), first-token latency (request sent -> first token; all
@@ -125,8 +129,9 @@ class SoakConfig:
     p_close: float = 0.1  # a burst ends with the client closing its stream
     tenants: int = 4
     sample_s: float = 5.0
-    ttl_s: float = 300.0  # the server's --retire-scope-ttl
+    ttl_s: float = 900.0  # the server's --retire-scope-ttl (its default)
     timeout_s: float = 120.0  # the longest wait for any one thing (a token, a stream's end)
+    warmup: bool = True  # open every scope before the load starts (``Soak.open_all``)
     seed: int = 0
 
 
@@ -371,6 +376,8 @@ class Soak:
         self.app = App(self.client, model, clock)
         self.tally = Tally()
         self.samples: list[dict[str, Any]] = []
+        self.idle_sample: dict[str, Any] = {}
+        self.warmup_s = 0.0
         self.bounds: dict[str, int] = {}
         self.http = httpx.AsyncClient(limits=LIMITS)  # the scope routes and the samples
         rng = random.Random(cfg.seed)
@@ -431,8 +438,8 @@ class Soak:
             self.app.take(stream.scope)
 
     async def _ended(self, stream: Stream, *, revision: bool = False) -> None:
-        """Wait for ``stream`` to end and file how it ended (``revision``: it superseded a
-        running version)."""
+        """Wait for ``stream`` to end and file how it ended (``revision``: it was sent as a
+        revision while the version before it streamed)."""
         if stream.task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(stream.task), self.cfg.timeout_s)
@@ -461,7 +468,7 @@ class Soak:
         end = "cancel" if r < cfg.p_cancel else "close" if r < cfg.p_cancel + cfg.p_close else "fin"
         prev: Stream | None = None
         stream: Stream | None = None
-        revised: set[int] = set()  # ids of the streams that superseded a running version
+        revised: set[int] = set()  # ids of the streams sent while the one before streamed
         generation = slot.generation
         try:
             for i in range(revisions + 1):
@@ -560,8 +567,34 @@ class Soak:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.cfg.sample_s)
 
+    async def open_all(self) -> float:
+        """Open every scope with one short version (one token), ``clients`` requests at a time,
+        so that the load starts with every scope live; returns the time it took. What it counts
+        is dropped afterwards, except its errors."""
+        todo = list(reversed(self.slots))
+        rng = random.Random(self.cfg.seed)
+
+        async def opener() -> None:
+            while todo:
+                slot = todo.pop()
+                stream = await self._send(slot, self._prompt(slot, rng), 1)
+                if stream is not None:
+                    await self._ended(stream)
+
+        started = self.clock()
+        await asyncio.gather(*(opener() for _ in range(self.cfg.clients)))
+        took = self.clock() - started
+        opened = self.tally
+        self.tally = Tally(errors=opened.errors, error_samples=opened.error_samples)
+        return took
+
     async def run(self) -> float:
-        """The load, for ``seconds`` (visits under way then finish); returns the wall time."""
+        """The load, for ``seconds`` (visits under way then finish), after ``open_all`` when
+        ``warmup``; returns the load's wall time."""
+        self.idle_sample = await self.sample(self.http, self.clock())  # the server at rest
+        self.samples.clear()
+        if self.cfg.warmup:
+            self.warmup_s = await self.open_all()
         idle: asyncio.Queue[Slot] = asyncio.Queue()
         for slot in self.slots:
             idle.put_nowait(slot)
@@ -615,6 +648,8 @@ def soak(server: RetireServer, cfg: SoakConfig) -> dict[str, Any]:
     }
     return {
         "config": attrs.asdict(cfg),
+        "warmup_seconds": run.warmup_s,
+        "at_rest": run.idle_sample,
         "load_seconds": wall,
         "requests": t.requests,
         "requests_per_s": t.requests / wall,
@@ -668,6 +703,10 @@ def start_server(tmp: Path, cfg: SoakConfig, blocks: int, *, log: bool) -> Retir
     return RetireServer(tmp, ["--retire-scope-ttl", str(cfg.ttl_s)], options, log=log)
 
 
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / MIB:.1f}"
+
+
 def table(report: dict[str, Any], problems: list[str]) -> str:
     c = report["config"]
 
@@ -680,6 +719,9 @@ def table(report: dict[str, Any], problems: list[str]) -> str:
     lines = [
         f"soak: {c['scopes']} scopes, {c['clients']} clients, {report['load_seconds']:.0f} s of "
         f"load, pool {report['bounds'].get('blocks')} blocks, scope ttl {c['ttl_s']:.0f} s",
+        f"warm-up               {report['warmup_seconds']:8.1f} s (every scope opened); at rest "
+        f"before it: RSS api {_mib(report['at_rest'].get('rss_api'))}, engine core "
+        f"{_mib(report['at_rest'].get('rss_engine'))} MiB",
         f"requests/s            {report['requests_per_s']:8.1f}   ({report['requests']} requests, "
         f"{report['bursts']} bursts, {report['supersede_ms']['n']} supersedes, "
         f"{report['tokens_per_s']:.0f} tokens/s)",
