@@ -20,13 +20,13 @@ supersedes: the old stream must end with ``superseded``). Each revision keeps th
 prefix, so it inherits the certified blocks of the version before it. The burst's last version
 then either runs to its end (``length``; the scope stays live and is revised again on a later
 visit), is cancelled (``POST /v1/scopes/{scope}/cancel``: its stream ends ``cancelled``; the
-slot opens a new scope id on its next visit), or is closed by the client (vLLM aborts it; the
-scope keeps its pages for the next visit's revision). The server's idle expiry (``--ttl``,
-default the server's 900 s) cancels scopes not visited for that long and forgets cancelled ones
-that long after: a visit that finds its scope expired gets 409 ``scope_cancelled`` and opens
-the slot's new scope, one that finds it forgotten opens it again under the same id (version 0).
-Scope records therefore number the live scopes plus those cancelled within the last ttl: flat
-only in a run longer than the ttl.
+slot's new scope, under a new id, is opened at once with a one-token version), or is closed
+by the client (vLLM aborts it; the scope keeps its pages for the next visit's revision). The
+server's idle expiry (``--ttl``, default the server's 900 s) cancels scopes not visited for that
+long and forgets cancelled ones that long after: a visit that finds its scope expired gets 409
+``scope_cancelled`` and opens the slot's new scope, one that finds it forgotten opens it again
+under the same id (version 0). Scope records therefore number the live scopes plus those
+cancelled within the last ttl: flat only in a run longer than the ttl.
 
 Measured: requests/s (generation requests answered), supersede latency (revision sent -> old
 stream ended with ``superseded``), first-token latency (request sent -> first token; all
@@ -516,6 +516,10 @@ class Soak:
                     self.tally.error(f"cancel http {answer.status_code}", answer.text[:300])
                 await self._ended(stream, revision=last_revised)
                 self._retire_name(slot)
+                # the slot's new scope opens at once (one token): every slot keeps a live scope
+                fresh = await self._send(slot, self._prompt(slot, rng), 1)
+                if fresh is not None:
+                    await self._ended(fresh)
             else:
                 await self.app.close_stream(stream)
                 await self._ended(stream, revision=last_revised)
