@@ -66,6 +66,7 @@ class Stream:
     asked_at: float  # the application asked for this version
     sent_at: float | None = None  # the request left the client
     accepted_at: float | None = None  # the response headers arrived
+    first_token_at: float | None = None  # the first chunk with a token arrived
     ended_at: float | None = None  # the reader saw the stream end (or the client closed it)
     delivering: bool = True  # False: the application no longer reads it (chunks go nowhere)
     close_requested: bool = False  # the application closed it before its headers arrived
@@ -73,6 +74,7 @@ class Stream:
     tokens_after_retire: int = 0
     retired_at: float | None = None
     finish_reason: str | None = None
+    error: str | None = None  # what broke the stream, unless the application closed it
     handle: Any = None
     task: asyncio.Task[None] | None = None
 
@@ -149,6 +151,8 @@ class App:
                 choice = raw.choices[0]
                 ids = tuple(int(t) for t in (choice.model_extra or {}).get("token_ids") or ())
                 now = self.clock()
+                if ids and stream.first_token_at is None:
+                    stream.first_token_at = now
                 stream.tokens_received += len(ids)
                 if stream.retired_at is not None:
                     stream.tokens_after_retire += len(ids)
@@ -158,8 +162,9 @@ class App:
                     chunk = Chunk(stream.scope, stream.version, ids, choice.finish_reason, now, raw)
                     self.inbox[stream.scope].append(chunk)
                     self.ready[stream.scope].set()
-        except (openai.APIError, Exception):  # closed under the reader (http_abort)
-            pass
+        except (openai.APIError, Exception) as err:  # closed under the reader (http_abort)
+            if not stream.close_requested:
+                stream.error = f"{type(err).__name__}: {err}"
         finally:
             if stream.ended_at is None:
                 stream.ended_at = self.clock()

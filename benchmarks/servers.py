@@ -48,6 +48,34 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
+#: What ``GET /v1/retire/leaks`` lists that must be empty once every scope is cancelled.
+HELD = (
+    "ledger_blocks",
+    "ledger_pins",
+    "ledger_cached",
+    "core_pages",
+    "core_pinned",
+    "managed_requests",
+    "scheduler_requests",
+    "admissions",
+    "openings",
+    "live_scopes",
+)
+
+
+def leak_problems(leaks: dict[str, Any]) -> dict[str, Any]:
+    """What a ``GET /v1/retire/leaks`` answer says is still held (empty: nothing): the lists of
+    ``HELD``, free blocks short of the initial count, and the API process's per-request
+    structures (``api_sizes``)."""
+    problems: dict[str, Any] = {key: leaks[key] for key in HELD if leaks[key]}
+    if leaks["free_blocks"] != leaks["initial_free_blocks"]:
+        problems["free_blocks"] = (leaks["free_blocks"], leaks["initial_free_blocks"])
+    for key, n in leaks.get("api_sizes", {}).items():
+        if n:
+            problems[f"api_{key}"] = n
+    return problems
+
+
 class Server:
     def __init__(self, argv: list[str], tmp: Path, name: str) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -125,25 +153,7 @@ class RetireServer(Server):
         usable block is free again (aborts reach the engine core asynchronously: poll)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            leaks = self.leaks()
-            problems = {
-                key: leaks[key]
-                for key in (
-                    "ledger_blocks",
-                    "ledger_pins",
-                    "ledger_cached",
-                    "core_pages",
-                    "core_pinned",
-                    "managed_requests",
-                    "scheduler_requests",
-                    "admissions",
-                    "openings",
-                    "live_scopes",
-                )
-                if leaks[key]
-            }
-            if leaks["free_blocks"] != leaks["initial_free_blocks"]:
-                problems["free_blocks"] = (leaks["free_blocks"], leaks["initial_free_blocks"])
+            problems = leak_problems(self.leaks())
             if not problems:
                 return
             if time.monotonic() > deadline:

@@ -40,6 +40,10 @@ class PageDict:
       be skipped while nothing it looks at has changed (``Txn.clean``). Removing a page never
       counts: it cannot make a clean scope unclean.
 
+    A scope without pages has no entry in ``owned`` or ``kinds``: the index holds the scopes
+    that own pages now, not every scope that ever did (a server that serves scopes for hours
+    would otherwise copy an ever longer index on each step).
+
     The index of the state it was thawed from is shared scope by scope: a scope's ids are
     edited through a mutation of its map, and its counts copied on their first change; the next
     state keeps this one (``CoreState.page_index``), never written again."""
@@ -68,8 +72,17 @@ class PageDict:
         mutation and leave it alone)."""
         edits = self._ids_edits.pop(scope, None)
         if edits is not None:
-            self.owned[scope] = edits.finish()
+            self._seal_ids(scope, edits)
         return self.owned.get(scope, _NO_IDS)
+
+    def _seal_ids(self, scope: ScopeId, edits: MapMutation[PageId, None]) -> None:
+        """Fold ``scope``'s edited ids back into ``owned``; a scope left without pages has no
+        entry (the index must not grow with every scope that ever held a page)."""
+        ids = edits.finish()
+        if ids:
+            self.owned[scope] = ids
+        else:
+            self.owned.pop(scope, None)
 
     def _count(self, scope: ScopeId, kind: tuple[Version, bool], delta: int) -> None:
         if scope in self._own_counts:
@@ -82,6 +95,9 @@ class PageDict:
             counts[kind] = left
         else:
             del counts[kind]
+            if not counts:  # no page left: no entry (see ``_seal_ids``)
+                del self.kinds[scope]
+                self._own_counts.discard(scope)
 
     def __setitem__(self, key: PageId, value: PageRecord) -> None:
         m = self._m
@@ -143,11 +159,10 @@ class PageDict:
 
     def finish(self) -> PageIndex:
         """Seal the map for the next state, with its index."""
-        owned = self.owned
         for scope, edits in self._ids_edits.items():
-            owned[scope] = edits.finish()
+            self._seal_ids(scope, edits)
         self._ids_edits = {}
-        return (self._m.finish(), owned, self.kinds)
+        return (self._m.finish(), self.owned, self.kinds)
 
 
 _NO_IDS: PageMap[Any, None] = PageMap()

@@ -474,6 +474,12 @@ def index_problems(state: rc.CoreState) -> list[str]:
         kinds = {(page.version, page.held) for page in pages.values() if page.owner == scope}
         if set(txn.page_kinds(scope)) != kinds:
             problems.append(f"{scope}: kinds {set(txn.page_kinds(scope))} != pages {kinds}")
+    index = state.page_index
+    if index is not None and index[0] is pages:  # no entry for a scope that owns no page
+        owners = {page.owner for page in pages.values()}
+        for name, part in (("ids", index[1]), ("kinds", index[2])):
+            if set(part) - owners:
+                problems.append(f"{name} of scopes without pages: {sorted(set(part) - owners)}")
     return problems
 
 
@@ -710,3 +716,28 @@ def test_lockstep_batches_are_checked_against_one_at_a_time() -> None:
         for logged in (True, False):
             with pytest.raises(RefinementError, match="not the same as one at a time"):
                 started().batch(step, logged=logged)
+
+
+def test_the_page_index_forgets_scopes_that_hold_no_page() -> None:
+    """Scopes come and go on a server for hours: once a scope's pages are freed and the scope is
+    forgotten, nothing of it is left in the page index (which each step copies), so the index
+    is as long as the scopes that own pages now, not every scope that ever did."""
+    core = rc.Retire(logger=ListLogger())
+    for i in range(50):
+        scope, q = f"s{i}", f"q{i}"
+        core.handle_batch(
+            [
+                rc.Submit(scope, "t", "f", (i,)),
+                rc.ParticipantStarted(scope, 0, q),
+                rc.PageAllocated(scope, 0, q, i % 7, 0),
+                rc.WriteAttempted(scope, 0, q, i % 7, True),
+                rc.WriterClosed(i % 7, f"d{i}"),
+            ]
+        )
+        commands = core.handle_batch([rc.Cancel(scope), rc.Receipt(scope, 0, q)])
+        assert any(isinstance(c, rc.Free) for c in commands)
+        core.handle(rc.Forget(scope))
+        index = core.state.page_index
+        assert index is not None and index[0] is core.state.pages
+        assert len(core.state.pages) == 0 and index[1] == {} and index[2] == {}
+    assert len(core.state.scopes) == 0

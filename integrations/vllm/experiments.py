@@ -111,7 +111,7 @@ def exp_pinning(pin: bool = True) -> Result:
         "blocks_still_mapped": still_mapped,
         "generation_changed": [bid for bid in gen_before if gen_before[bid] != gen_after[bid]],
         "digest_changed": [bid for bid in dig_before if dig_before[bid] != dig_after[bid]],
-        "evicted_ids_seen": sorted(set(spy.evicted)),
+        "evicted_ids_seen": sorted(spy.evicted),
         "b_num_cached_tokens": b.num_cached_tokens,
         "b_equals_cold_reference": list(b.outputs[0].token_ids) == list(ref_b),
         "free_at_end": pool.get_num_free_blocks(),

@@ -164,13 +164,16 @@ class GenerationSpy:
 
     Every block handed out by ``get_new_blocks`` (new request blocks, CoW copies, ...) has a new
     owner, so its generation is bumped; ``evicted`` records the ids whose prefix-cache hash was
-    dropped at that moment.  Install with :meth:`install`, remove with :meth:`uninstall`.
+    dropped at that moment and ``evictions`` counts those drops. Each structure is bounded by
+    the pool (one entry per block id), never by how long the engine runs.  Install with
+    :meth:`install`, remove with :meth:`uninstall`.
     """
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.generation: dict[int, int] = {}
-        self.evicted: list[int] = []
+        self.evicted: set[int] = set()
+        self.evictions = 0
         self.listeners: list[Callable[[list[int]], None]] = []
         self._orig: Callable[[int], list[KVCacheBlock]] | None = None
 
@@ -196,7 +199,10 @@ class GenerationSpy:
             ids = [b.block_id for b in blocks]
             for bid in ids:
                 self.generation[bid] = self.generation.get(bid, 0) + 1
-            self.evicted.extend(bid for bid in ids if bid in hashed)
+            if hashed:
+                dropped = [bid for bid in ids if bid in hashed]
+                self.evicted.update(dropped)
+                self.evictions += len(dropped)
             for listener in self.listeners:
                 listener(ids)
             return blocks

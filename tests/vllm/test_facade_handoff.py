@@ -241,9 +241,9 @@ def test_cache_pressure_native_loses_prefix_retire_keeps_it(engine: Any, checker
             facade.step()
         facade.hold_admission("press")  # the successor waits behind the co-tenants
         facade.supersede("press", succ, DEFAULT_CONTRACT, 8)
-        evicted_before = len(facade.spy.evicted)
+        evicted_before = facade.spy.evictions
         _flood(facade, rng)
-        evictions = len(facade.spy.evicted) - evicted_before
+        evictions = facade.spy.evictions - evicted_before
         facade.release_admission("press")
         facade.run_until_idle()
         rec = facade.version_record("press")

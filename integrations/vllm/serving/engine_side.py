@@ -533,6 +533,49 @@ class EngineSide:
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
+    def sizes(self) -> dict[str, int]:
+        """How many entries each structure of the core and of this side holds now. None may
+        grow with the number of requests or scopes served: each is bounded by the KV pool
+        (``blocks``), the core's ledger size, the scopes not forgotten yet or the requests in
+        flight (the soak samples them; ``bounds`` gives the fixed bounds)."""
+        core = self.core.state
+        index = core.page_index
+        return {
+            "core_scopes": len(core.scopes),
+            "core_participants": sum(len(r.participants) for r in core.scopes.values()),
+            "core_pages": len(core.pages),
+            "core_generations": len(core.generations),
+            "core_ledger": len(core.ledger),
+            "core_index_scopes": len(index[1]) + len(index[2]) if index is not None else 0,
+            "scope_infos": len(self.scopes),
+            "scope_info_versions": sum(
+                len(i.adopted_blocks) + len(i.context_blocks) for i in self.scopes.values()
+            ),
+            "requests": len(self.reqs),
+            "participants": len(self.by_participant),
+            "request_blocks": sum(
+                len(r.block_ids) + len(r.pages) + len(r.handoff_pins) for r in self.reqs.values()
+            ),
+            "admissions": len(self.admissions),
+            "openings": len(self.opening),
+            "pending_work": len(self._queue)
+            + len(self._deferred)
+            + len(self._deferred_reports)
+            + len(self._completed)
+            + len(self._fencing),
+            "ledger_refs": len(self.ledger.refs),
+            "ledger_cached": len(self.ledger.cached),
+            "spy_generations": len(self.ledger.spy.generation),
+            "spy_evicted": len(self.ledger.spy.evicted),
+            "spy_listeners": len(self.ledger.spy.listeners),
+            "counters": len(self.counters),
+            "scheduler_requests": len(self.scheduler.requests),
+        }
+
+    def bounds(self) -> dict[str, int]:
+        """The fixed bounds of ``sizes``: the KV pool's blocks and the core's ledger size."""
+        return {"blocks": int(self.pool.num_gpu_blocks), "core_ledger": self.core.state.ledger_size}
+
 
 _HANDLERS: dict[type, Any] = {
     Fence: EngineSide._on_fence,

@@ -64,6 +64,18 @@ class RetireAsyncLLM(AsyncLLM):
             await asyncio.sleep(period)
             await self.retire("expire", idle_seconds=idle_seconds)
 
+    def retire_sizes(self) -> dict[str, int]:
+        """How many entries this process's per-request structures hold now (the engine side's
+        are in its ``sizes``): Retire's streams of scoped versions and its background tasks,
+        vLLM's per-request output state. Each is bounded by the requests in flight."""
+        processor = self.output_processor
+        return {
+            "streams": len(self.__dict__.get("_retire_streams", ())),
+            "tasks": len(self.__dict__.get("_retire_tasks", ())),
+            "output_states": len(processor.request_states),
+            "parent_requests": len(processor.parent_requests),
+        }
+
     async def retire(self, op: str, **payload: Any) -> dict[str, Any]:
         """One operation at the authority; raises ``ScopeRequestError`` when it is refused."""
         answer = await self.engine_core.call_utility_async(wire.UTILITY, op, payload)

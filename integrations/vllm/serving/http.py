@@ -47,7 +47,9 @@ class RetireMiddleware:
             await self._scope_route(scope, send)
             return
         if path == LEAKS_PATH and scope["method"] == "GET":
-            answer = await scope["app"].state.engine_client.retire("leaks")
+            engine = scope["app"].state.engine_client
+            answer = await engine.retire("leaks")
+            answer["api_sizes"] = engine.retire_sizes()
             await _send_json(send, 200, answer)
             return
         if path == EXPIRE_PATH and scope["method"] == "POST":

@@ -222,6 +222,8 @@ class ScopeCalls:
             },
             "counters": dict(self.side.counters),
             "scope_records": len(self.side.core.state.scopes),
+            "sizes": self.side.sizes(),
+            "bounds": self.side.bounds(),
         }
 
     def op_release_all(self, payload: dict[str, Any]) -> dict[str, Any]:
