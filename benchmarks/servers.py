@@ -26,6 +26,26 @@ RETIRE = str(Path(sys.executable).parent / "retire")  # the console script of th
 ENGINE_OPTIONS = ["--max-num-seqs", "16", "--seed", "0"]
 
 
+def pool_options(blocks: int) -> list[str]:
+    """``retire serve`` options for the tiny default model with a KV pool of ``blocks`` blocks
+    (block 0 included), the rest as ``ENGINE_OPTIONS``."""
+    from retire_vllm.default_model import ensure_default_model
+    from retire_vllm.engine_config import engine_kwargs
+
+    kw = engine_kwargs(str(ensure_default_model()), num_blocks=blocks)
+    return [
+        "--kv-cache-memory-bytes",
+        str(kw["kv_cache_memory_bytes"]),
+        "--num-gpu-blocks-override",
+        str(blocks),
+        "--max-model-len",
+        str(kw["max_model_len"]),
+        "--max-num-batched-tokens",
+        str(kw["max_num_batched_tokens"]),
+        *ENGINE_OPTIONS,
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

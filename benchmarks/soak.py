@@ -73,7 +73,7 @@ from retire_vllm.engine_config import BLOCK_SIZE
 
 from .arms import App, Stream
 from .metrics import percentile
-from .servers import ENGINE_OPTIONS, RetireServer, leak_problems
+from .servers import RetireServer, leak_problems, pool_options
 
 #: How a stream may end: its finish reasons, ``closed`` (by the client, on purpose), and the
 #: refusals a visit may meet when its scope expired while idle: a request on it, or a cancel
@@ -689,21 +689,7 @@ def soak(server: RetireServer, cfg: SoakConfig) -> dict[str, Any]:
 
 def start_server(tmp: Path, cfg: SoakConfig, blocks: int, *, log: bool) -> RetireServer:
     """``retire serve`` with a pool of ``blocks`` KV blocks and ``cfg.ttl_s`` expiry."""
-    from retire_vllm.default_model import ensure_default_model
-    from retire_vllm.engine_config import engine_kwargs
-
-    kw = engine_kwargs(str(ensure_default_model()), num_blocks=blocks)
-    options = [
-        "--kv-cache-memory-bytes",
-        str(kw["kv_cache_memory_bytes"]),
-        "--num-gpu-blocks-override",
-        str(blocks),
-        "--max-model-len",
-        str(kw["max_model_len"]),
-        "--max-num-batched-tokens",
-        str(kw["max_num_batched_tokens"]),
-        *ENGINE_OPTIONS,
-    ]
+    options = pool_options(blocks)
     return RetireServer(tmp, ["--retire-scope-ttl", str(cfg.ttl_s)], options, log=log)
 
 

@@ -16,10 +16,8 @@ import httpx
 import openai
 import pytest
 
-from retire_bench.servers import ENGINE_OPTIONS, RetireServer
+from retire_bench.servers import RetireServer, pool_options
 from retire_vllm.client import scoped, stamp
-from retire_vllm.default_model import ensure_default_model
-from retire_vllm.engine_config import engine_kwargs
 
 pytestmark = pytest.mark.vllm
 
@@ -30,18 +28,7 @@ TURNS = 200
 
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
-    kw = engine_kwargs(str(ensure_default_model()), num_blocks=BLOCKS)
-    options = [
-        "--kv-cache-memory-bytes",
-        str(kw["kv_cache_memory_bytes"]),
-        "--num-gpu-blocks-override",
-        str(BLOCKS),
-        "--max-model-len",
-        str(kw["max_model_len"]),
-        "--max-num-batched-tokens",
-        str(kw["max_num_batched_tokens"]),
-        *ENGINE_OPTIONS,
-    ]
+    options = pool_options(BLOCKS)
     server = RetireServer(tmp_path_factory.mktemp("retire-turns"), options=options)
     try:
         yield server
