@@ -173,7 +173,7 @@ class Symmetry:
                     tuple(sorted(launchable)),
                 )
             )
-        return self._combine(self._renamed(spec), core, pending, faults, launchable)
+        return self._combine(self._renamed(spec), core, pending, faults, launchable)[0]
 
     def fingerprint_raw(
         self,
@@ -185,11 +185,28 @@ class Symmetry:
         launchable: frozenset[tuple[int, int]] = frozenset(),
     ) -> tuple[int, SpecState]:
         """``fingerprint(core, canonical(spec), pending, faults)`` and ``canonical(spec)``, for a
-        spec state that is not (necessarily) canonical. Its half is memoized by the identity of
-        ``spec`` (the explorer interns spec states, so equal states meet the same entry; each
-        entry holds ``spec``, so its id is not reused while the entry exists, and a miss on an
-        equal but distinct object only recomputes): ``canonical`` is a pure function and the
-        renamed encodings a pure function of its result."""
+        spec state that is not (necessarily) canonical (``locate_raw`` without the core half)."""
+        fp, canon, _ = self.locate_raw(core, spec, pending, faults, canonical, launchable)
+        return fp, canon
+
+    def locate_raw(
+        self,
+        core: rc.CoreState,
+        spec: SpecState,
+        pending: Mapping[int, int],
+        faults: int,
+        canonical: Callable[[SpecState], SpecState],
+        launchable: frozenset[tuple[int, int]] = frozenset(),
+    ) -> tuple[int, SpecState, int]:
+        """The fingerprint of a raw joint state, the canonical form of its spec state and the
+        *core half* of the fingerprint: the hash of the renamed core encoding the fingerprint
+        was made from. Like the fingerprint it is the same for every state of an orbit, and it
+        depends on the core state (and the participant order) alone, so the parallel search
+        hands all states of one core state to one worker (``shard``). The spec half is memoized
+        by the identity of ``spec`` (the explorer interns spec states, so equal states meet the
+        same entry; each entry holds ``spec``, so its id is not reused while the entry exists,
+        and a miss on an equal but distinct object only recomputes): ``canonical`` is a pure
+        function and the renamed encodings a pure function of its result."""
         found = self._raw.get(id(spec))
         if found is None:
             if len(self._raw) >= self.limit:
@@ -198,13 +215,15 @@ class Symmetry:
             found = self._raw[id(spec)] = (
                 spec,
                 canon,
-                None if not self.enabled else self._renamed(canon),
+                self._renamed(canon) if self.enabled else None,
             )
         canon = found[1]
         renamed = found[2]
         if renamed is None:
-            return self.fingerprint(core, canon, pending, faults, launchable), canon
-        return self._combine(renamed, core, pending, faults, launchable), canon
+            fp = self.fingerprint(core, canon, pending, faults, launchable)
+            return fp, canon, hash(core)
+        fp, half = self._combine(renamed, core, pending, faults, launchable)
+        return fp, canon, half
 
     def _renamed(self, spec: SpecState) -> list[tuple[int, int, tuple[str, ...]]]:
         renamed = self._specs.get(spec)
@@ -225,7 +244,8 @@ class Symmetry:
         pending: Mapping[int, int],
         faults: int,
         launchable: frozenset[tuple[int, int]] = frozenset(),
-    ) -> int:
+    ) -> tuple[int, int]:
+        """The fingerprint and its core half."""
         if len(renamed) == 1:
             spec_hash, r, parts = renamed[0]
             if pending or launchable:
@@ -234,7 +254,8 @@ class Symmetry:
                 eng = tuple(sorted((slots[s], v) for s, v in launchable))
             else:
                 pend = eng = ()
-            return hash((hash((spec_hash, pend, faults, eng)), self._core_hash(core, r, parts)))
+            half = self._core_hash(core, r, parts)
+            return hash((hash((spec_hash, pend, faults, eng)), half)), half
         candidates = []
         for spec_hash, r, parts in renamed:
             slots = self.renamings[r].slots
@@ -243,7 +264,10 @@ class Symmetry:
             candidates.append((hash((spec_hash, pend, faults, eng)), r, parts))
         best = min(c[0] for c in candidates)
         return min(
-            hash((h, self._core_hash(core, r, parts))) for h, r, parts in candidates if h == best
+            (hash((h, half)), half)
+            for h, half in (
+                (h, self._core_hash(core, r, parts)) for h, r, parts in candidates if h == best
+            )
         )
 
     def _core_hash(self, core: rc.CoreState, r: int, parts: tuple[str, ...]) -> int:

@@ -20,6 +20,7 @@ from retire_checks.explorer import (
     COMPLETION,
     QUICK,
     Config,
+    ExploreResult,
     Profile,
     Progress,
     explore,
@@ -283,11 +284,11 @@ def test_trimmed_memos_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """With memo tables so small that they are emptied many times during the search (the step
     memo's core-step tables, fingerprints of raw states, interned states), the search finds the
     same states, transitions and probe counts."""
-    import retire_checks.explorer as explorer_module
+    import retire_checks.shard as shard_module
 
     config = QUICK.configs[-1]  # tenants: every probe counter matters
     want = explore(config)
-    monkeypatch.setattr(explorer_module, "StepMemo", lambda: StepMemo(limit=300))
+    monkeypatch.setattr(shard_module, "StepMemo", lambda: StepMemo(limit=300))
     got = explore(config)
     assert (got.states, got.transitions, got.quiescent) == (
         want.states,
@@ -320,3 +321,58 @@ def test_the_engine_launches_only_admitted_unfenced_versions() -> None:
     out = apply_move(racing, A("launch", (0, 0, 0)))
     assert [type(c).__name__ for c in out.commands] == ["Fence"]
     assert launches(racing) == {1}
+
+
+def _outcome(r: ExploreResult) -> tuple[Any, ...]:
+    return (r.states, r.transitions, r.max_depth, r.quiescent, r.exhaustive, r.probes)
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_workers_split_a_search_without_changing_it(jobs: int) -> None:
+    """Split across worker processes (each owning the states of some core states), a search
+    finds the same states, transitions, depth, quiescent states and probe hits as in one
+    process. ``twins`` has two scope renamings (owners must agree on whole orbits)."""
+    for config in (mutants.CONFIGS["handoff"], mutants.CONFIGS["twins"]):
+        one = explore(config)
+        many = explore(config, jobs=jobs)
+        assert (one.workers, many.workers) == (1, jobs)
+        assert one.violation is None and many.violation is None and one.exhaustive
+        assert _outcome(many) == _outcome(one), config.name
+
+
+@pytest.mark.parametrize(
+    "name", ["digest_ignored", "cross_tenant_write", "align_takes_same_tenant_page"]
+)
+def test_workers_find_the_same_shortest_counterexample(name: str) -> None:
+    """A seeded core bug is found by the split search too, with the very counterexample (and
+    the same counts up to the level it was found in) as in one process."""
+    mutant = mutants.MUTANTS[name]
+    with mutant.active():
+        one = explore(mutant.configs[0])
+        two = explore(mutant.configs[0], jobs=2)
+    assert one.violation is not None
+    assert two.violation == one.violation
+    assert _outcome(two) == _outcome(one)
+
+
+def test_workers_find_a_quiescence_violation() -> None:
+    """The leaky core of ``test_quiescence_catches_a_leak_that_refinement_cannot``, with a
+    spec action table of its own: both reach the worker processes."""
+    no_free = dict(ACTION_BY_NAME)
+    no_free["free"] = attrs.evolve(no_free["free"], guard=lambda I, st, p: I.lit(False))
+    reclaim._orig = reclaim.reclaim  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reclaim, "reclaim", _leaky_reclaim)
+        one = explore(mutants.CONFIGS["chain"], actions=no_free)
+        two = explore(mutants.CONFIGS["chain"], actions=no_free, jobs=2)
+    assert one.violation is not None and one.violation.quiescence
+    assert two.violation == one.violation
+    assert _outcome(two) == _outcome(one)
+
+
+def test_a_capped_search_stops_alike_with_any_number_of_workers() -> None:
+    config = attrs.evolve(mutants.CONFIGS["chain"], max_states=2_000)
+    one = explore(config)
+    two = explore(config, jobs=2)
+    assert not one.exhaustive and one.states >= 2_000
+    assert _outcome(two) == _outcome(one)

@@ -1,0 +1,546 @@
+"""One worker's part of the explorer's search: the states whose fingerprint it owns.
+
+The search is breadth-first and level-synchronous. A ``Shard`` owns the states whose *core half*
+of the fingerprint (``Symmetry.locate_raw``: the hash of the renamed core encoding, the same for
+every state of an orbit) maps to it, ``half % workers == index`` (all of them with one worker),
+so every step of one core state is computed, and memoized, by one worker. It keeps their parent
+links (fingerprint -> parent fingerprint and move), expands the frontier it owns one level at a
+time (every move ``env_moves`` offers, through the memoized lock-step harness: each transition
+checked for refinement and command agreement) and hands every successor it does not own to the
+owner in a batch (``take``/``receive``: core states, spec states and moves travel once per
+channel and then as small integers). At the end of a level the owner admits the new states
+(``admit``): each is checked once (abstraction against the spec's control columns, every
+invariant) and becomes part of the next frontier.
+
+Every event of a level carries a *key*: the digits (base ``RADIX``) of a state's key are the
+indices of the moves on the path that discovered it, so keys order a level exactly as a
+one-process breadth-first search meets it. Of several ways to reach a new state the one with the
+smallest key wins (so each state keeps the parent and the representative of its orbit that a
+single process would keep), and of a level's violations the one with the smallest key is
+reported. A level is always expanded to its end, also after a violation, so the counts, probes
+and counterexample do not depend on how states were split among workers. What does not live
+here: driving the levels and the worker processes (``parallel``), the probes' definitions
+(``probes``), the harness (``lockstep``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from retire_checks.abstraction import canonical_function
+from retire_checks.config import COMPLETION, Config, StepFn, new_lockstep
+from retire_checks.engine import launchable_after
+from retire_checks.environment import Offers
+from retire_checks.lockstep import (
+    _NOTHING,
+    _REJECTED,
+    BY_FRAME,
+    BY_LAUNCH,
+    BY_MOVE,
+    WORLD,
+    RefinementError,
+    StepMemo,
+    launched_after,
+)
+from retire_checks.probes import ProbeTally, dynamic_hits
+from retire_checks.symmetry import Symmetry
+from retire_spec.actions import Action, ActionInstance
+from retire_spec.invariants import QUIESCENCE, Invariant
+from retire_spec.schema import COLUMN_INDEX
+
+_FRAME_SCOPE, _FRAME_VER, _FRAME_KIND, _PAGE_DATA = (
+    COLUMN_INDEX[name] for name in ("frame_scope", "frame_ver", "frame_kind", "page_data")
+)
+
+# A key's digit 0 is a state's quiescence check, digit i + 1 its i-th move.
+RADIX = 1 << 16
+# Objects a channel remembers having sent before it starts afresh (bounds both ends' tables).
+CHANNEL_LIMIT = 200_000
+
+# A joint state: core, spec, launched participants, pending byte checks, faults, launchable.
+State = tuple[Any, ...]
+# A new state of a level: key, parent fingerprint, move, state, canonical spec (or None).
+Candidate = tuple[int, int, ActionInstance, State, Any]
+
+
+@attrs.frozen(slots=True)
+class Found:
+    """A violation met in a level. ``fp``: the state whose expansion met it, ``move`` the move
+    that broke (``None`` for a quiescence failure of ``fp`` itself); for a new state that fails
+    its check, its parent and the move that reached it."""
+
+    key: int
+    fp: int
+    move: ActionInstance | None
+    error: str
+    quiescence: bool = False
+    violated: tuple[str, ...] = ()
+
+
+@attrs.frozen(slots=True)
+class LevelReport:
+    """A shard's answer after a level: its totals so far, the size of its next frontier and
+    the smallest-key violation it met in the level."""
+
+    states: int
+    transitions: int
+    quiescent: int
+    frontier: int
+    found: Found | None
+
+
+@attrs.frozen(slots=True)
+class ShardTotals:
+    probes: Counter[str]
+    cpu_seconds: float
+
+
+class Outbox:
+    """The sending end of a channel to one other shard: successors it owns, with each core
+    state, spec state and move sent once and then named by its number (the receiving end
+    keeps them in lists in the same order)."""
+
+    def __init__(self) -> None:
+        self.refs: tuple[dict[int, tuple[int, Any]], ...] = ({}, {}, {})
+        self.new: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+        self.items: list[tuple[Any, ...]] = []
+        self.reset = False
+
+    def ref(self, kind: int, obj: Any) -> int:
+        # each entry holds its object, so the id is not reused while the entry exists
+        table = self.refs[kind]
+        found = table.get(id(obj))
+        if found is None:
+            found = table[id(obj)] = (len(table), obj)
+            self.new[kind].append(obj)
+        return found[0]
+
+    def add(self, fp: int, key: int, parent: int, move: ActionInstance, state: State) -> None:
+        core, spec, launched, pending, faults, engine = state
+        self.items.append(
+            (
+                fp,
+                key,
+                parent,
+                self.ref(2, move),
+                self.ref(0, core),
+                self.ref(1, spec),
+                launched,
+                pending,
+                faults,
+                engine,
+            )
+        )
+
+    def take(self) -> tuple[Any, ...]:
+        batch = (self.reset, *self.new, self.items)
+        self.new = ([], [], [])
+        self.items = []
+        self.reset = False
+        if any(len(table) >= CHANNEL_LIMIT for table in self.refs):
+            for table in self.refs:
+                table.clear()
+            self.reset = True
+        return batch
+
+
+@contextlib.contextmanager
+def without_cyclic_gc() -> Iterator[None]:
+    """The searches allocate millions of small acyclic objects while their memo and parent maps
+    grow; the cyclic collector's passes over those maps took about 40% of the time and found
+    nothing to collect (reference counting frees everything), so it is paused during a search."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class Shard:
+    """The states of one worker (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        step_fn: StepFn,
+        actions: dict[str, Action] | None,
+        invariants: tuple[Invariant, ...],
+        index: int = 0,
+        workers: int = 1,
+    ) -> None:
+        self.c0 = time.process_time()
+        self.config = config
+        self.index = index
+        self.workers = workers
+        self.memo = StepMemo()
+        self.ls = new_lockstep(config, step_fn, actions, invariants, memo=self.memo)
+        self.sym = Symmetry(self.ls.uni, config.symmetry)
+        self.quiescence = [(q.name, self.ls.compiled.predicate(q.holds)) for q in QUIESCENCE]
+        self.tally = ProbeTally(config.bounds)
+        self.canonical = canonical_function(config.bounds)
+        self.offer = Offers(config.budget, COMPLETION)  # ``env_moves``, memoized
+        # parent links of the states owned: fingerprint -> (parent fingerprint, move); the
+        # root maps to None
+        self.parents: dict[int, tuple[int, ActionInstance] | None] = {}
+        self.frontier: list[tuple[int, int, State]] = []  # (key, fingerprint, state)
+        self.fresh: dict[int, Candidate] = {}  # this level's new states, by fingerprint
+        self.outboxes = [Outbox() for _ in range(workers)]
+        self.inboxes: list[tuple[list[Any], list[Any], list[Any]]] = [
+            ([], [], []) for _ in range(workers)
+        ]
+        self.sent: set[int] = set()  # fingerprints handed to their owners already
+        self.transitions = 0
+        self.quiescent = 0
+        self.found: Found | None = None
+        # raw joint state (by the identities of its interned core and spec) -> (core, spec,
+        # fingerprint, canonical spec)
+        self.fps: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # per move (by identity; each entry holds its move): how its core-step table is found
+        self.plans: dict[int, tuple[Any, ...]] = {}
+
+    # --- the level protocol -----------------------------------------------------------------
+    def start(self) -> LevelReport:
+        """Level 0: the initial state (owned, checked and expanded by one shard)."""
+        ls = self.ls
+        root, _, half = self.sym.locate_raw(
+            ls.core, ls.spec, ls.pending_reports, ls.faults, self.canonical, ls.launchable
+        )
+        found = None
+        if half % self.workers == self.index:
+            self.parents[root] = None
+            self.frontier = [(0, root, ls.snapshot())]
+            try:
+                ls.check_state()
+            except RefinementError as err:
+                found = Found(0, root, None, str(err), violated=err.invariants)
+        return LevelReport(len(self.parents), 0, 0, len(self.frontier), found)
+
+    def admit(self) -> LevelReport:
+        """Check this level's new states in key order; they make up the next frontier."""
+        fresh = self.fresh
+        items = sorted(fresh.items(), key=_candidate_key) if self.workers > 1 else fresh.items()
+        ls = self.ls
+        parents = self.parents
+        canonical = self.canonical
+        frontier: list[tuple[int, int, State]] = []
+        found = None
+        for fp, (key, parent, move, state, canon) in items:
+            parents[fp] = (parent, move)
+            ls.restore(state)
+            try:
+                ls.check_state(canon if canon is not None else canonical(state[1]))
+            except RefinementError as err:
+                if found is None:
+                    found = Found(key, parent, move, str(err), violated=err.invariants)
+            frontier.append((key, fp, state))
+        fresh.clear()
+        self.frontier = frontier
+        if found is not None and (self.found is None or found.key < self.found.key):
+            self.found = found
+        report = LevelReport(
+            len(parents), self.transitions, self.quiescent, len(frontier), self.found
+        )
+        self.found = None
+        return report
+
+    def take(self, dest: int) -> tuple[Any, ...]:
+        """The batch of this level's successors owned by shard ``dest``."""
+        return self.outboxes[dest].take()
+
+    def receive(self, source: int, batch: tuple[Any, ...]) -> None:
+        """Successors found by shard ``source``: each one not known yet, or reached with a
+        smaller key than before, becomes a new state of this level."""
+        reset, cores, specs, moves, items = batch
+        tables = self.inboxes[source]
+        if reset:
+            for table in tables:
+                table.clear()
+        memo = self.memo
+        intern_core = memo.cores.setdefault
+        intern_spec = memo.specs.setdefault
+        core_table, spec_table, move_table = tables
+        core_table.extend([intern_core(c, c) for c in cores])
+        spec_table.extend([intern_spec(s.cells, s) for s in specs])
+        move_table.extend(moves)
+        parents, fresh = self.parents, self.fresh
+        for fp, key, parent, m, c, s, launched, pending, faults, engine in items:
+            if fp in parents:
+                continue
+            known = fresh.get(fp)
+            if known is not None and known[0] < key:
+                continue
+            state = (core_table[c], spec_table[s], launched, pending, faults, engine)
+            fresh[fp] = (key, parent, move_table[m], state, None)
+
+    def totals(self) -> ShardTotals:
+        return ShardTotals(self.tally.flush(), time.process_time() - self.c0)
+
+    # --- expanding a level --------------------------------------------------------------------
+    def expand(self) -> None:
+        """Every move from every state of the frontier, in key order. Successors owned here
+        are collected in ``fresh`` (the first, smallest key wins), the others in the outboxes
+        (once per fingerprint: a state handed over once is known to its owner from then on).
+        Violations are recorded (the first one: the smallest key) and the level goes on."""
+        config = self.config
+        ls = self.ls
+        memo = self.memo
+        bounds = config.bounds
+        sym = self.sym
+        quiescence = self.quiescence
+        tally = self.tally
+        probes = tally.counts
+        seen = tally._seen
+        canonical = self.canonical
+        fps = self.fps
+        offer = self.offer
+        parents = self.parents
+        fresh = self.fresh
+        sent = self.sent
+        outboxes = self.outboxes
+        workers = self.workers
+        me = self.index
+        transitions = self.transitions
+        quiescent = self.quiescent
+        found = self.found
+        # the hot loop's bindings: the harness's step (new core steps, byte-check reports), the
+        # legality judgement of a refused move, the memo's event tables and spec interning
+        step = ls.move
+        new_step = ls.new_core_step
+        check_commands = ls._check_commands
+        legal = ls._legal
+        locate_raw = sym.locate_raw
+        events = memo.events
+        intern = memo.specs.setdefault
+        plans = self.plans
+        for key, fp, snap in self.frontier:
+            ls.restore(snap)
+            moves, completes = offer(ls)
+            base = key * RADIX + 1  # the key of the first move's event
+            if not completes:
+                quiescent += 1
+                probes["path:quiescent"] += 1
+                broken = [name for name, holds in quiescence if not holds(ls.spec)]
+                if broken and found is None:
+                    found = Found(
+                        base - 1,
+                        fp,
+                        None,
+                        f"quiescence property(ies) {broken} violated",
+                        quiescence=True,
+                        violated=tuple(broken),
+                    )
+            spec0 = ls.spec
+            core0, launched0, pending0, faults0 = (
+                ls.core,
+                ls.launched,
+                ls.pending_reports,
+                ls.faults,
+            )
+            engine0 = ls.launchable
+            cid0 = id(core0)
+            for i, move in enumerate(moves):
+                transitions += 1
+                plan = plans.get(id(move))
+                if plan is None or plan[0] is not move:
+                    plan = plans[id(move)] = ls.plan(move)
+                kind = plan[1]
+                try:
+                    if kind < WORLD:
+                        # ``Lockstep.move``, inlined. The event's core-step table is found
+                        # exactly as ``Lockstep._event`` finds it (the same keys, the same memo).
+                        if kind == BY_MOVE:
+                            ek: Any = plan[3]
+                        elif kind == BY_LAUNCH:
+                            ek = (plan[3], launched0.get(plan[4]))
+                        elif kind == BY_FRAME:
+                            f = plan[4]
+                            cells = spec0.cells
+                            ek = (
+                                plan[3],
+                                cells[_FRAME_SCOPE][f],
+                                cells[_FRAME_VER][f],
+                                cells[_FRAME_KIND][f],
+                            )
+                        else:
+                            ek = (plan[3], spec0.cells[_PAGE_DATA][plan[4]])
+                        hit = events.get(ek)
+                        if hit is None or hit[0] is not move:
+                            ls.spec, ls.launched = spec0, launched0
+                            event, table = ls._event(move)
+                            assert table is not None  # the explorer's harness has a memo
+                        else:
+                            event, table = hit[1], hit[2]
+                        known = table.get(cid0)
+                        if known is None:  # a new core step: computed, interned and recorded
+                            ls.core = core0
+                            entry = new_step(event, table)
+                            fresh_step = True
+                        else:
+                            entry = known[1]
+                            fresh_step = False
+                        faults = faults0 + plan[2]
+                        if entry is _REJECTED:
+                            # a typed refusal changes neither side (a fault move is still spent)
+                            ls.spec = spec0
+                            if legal(move):
+                                raise RefinementError(
+                                    f"the core refused {move}, which the spec allows"
+                                )
+                            core, spec, launched, pending = core0, spec0, launched0, pending0
+                            engine = engine0
+                            out = _NOTHING
+                        else:
+                            # each spec step's guard is checked now, in the spec state it is
+                            # taken in
+                            core, out, launches, pins, spec_steps, ops = entry
+                            spec = spec0
+                            if spec_steps:
+                                for si, fn in spec_steps:
+                                    nxt = fn(spec)
+                                    if nxt is None:
+                                        raise RefinementError(
+                                            f"the spec does not allow {si} here (after this step)"
+                                        )
+                                    spec = nxt
+                                spec = intern(spec.cells, spec)
+                            if fresh_step:  # commands against transitions, once per core step
+                                try:
+                                    check_commands(out)
+                                except RefinementError:
+                                    # not recorded as checked: a later visit fails again
+                                    del table[cid0]
+                                    raise
+                            launched = (
+                                launched_after(launched0, launches) if launches else launched0
+                            )
+                            if pins:
+                                pending = dict(pending0)
+                                for s, v in pins:
+                                    pending[s] = v
+                            else:
+                                pending = pending0
+                            engine = launchable_after(engine0, ops) if ops else engine0
+                            if core is core0 and not out.transitions and not out.commands:
+                                ls.spec = spec0
+                                if legal(move):
+                                    raise RefinementError(
+                                        f"the core refused {move}, which the spec allows"
+                                    )
+                    elif kind == WORLD:
+                        # a world-only move changes the spec alone (``Lockstep.env``)
+                        nxt = plan[3](spec0)
+                        if nxt is None:
+                            raise RefinementError(
+                                f"the spec does not allow {move} here (after this step)"
+                            )
+                        core, launched, pending, engine = core0, launched0, pending0, engine0
+                        spec = intern(nxt.cells, nxt)
+                        faults = faults0 + plan[2]
+                        out = plan[4]
+                    else:  # a byte-check report: through the harness
+                        ls.core, ls.spec, ls.launched = core0, spec0, launched0
+                        ls.pending_reports, ls.faults, ls.launchable = pending0, faults0, engine0
+                        out = step(move)
+                        core, spec, launched = ls.core, ls.spec, ls.launched
+                        pending, faults, engine = ls.pending_reports, ls.faults, ls.launchable
+                except RefinementError as err:
+                    if found is None:
+                        found = Found(base + i, fp, move, str(err), violated=err.invariants)
+                    continue
+                except Exception as err:
+                    if found is None:
+                        found = Found(
+                            base + i,
+                            fp,
+                            move,
+                            f"the core raised {type(err).__name__} (not a RetireError): {err}",
+                        )
+                    continue
+                # probes: per shared outcome (or per move name for an outcome without effect)
+                tkey: Any = id(out) if out.transitions or out.commands else move.name
+                counted = seen.get(tkey)
+                if counted is None:
+                    counted = tally.entry(tkey, move, out)
+                counted[2] += 1
+                if counted[3]:
+                    probes.update(dynamic_hits(out, spec0, bounds))
+                if (
+                    core is core0
+                    and spec is spec0
+                    and pending is pending0
+                    and faults == faults0
+                    and launched is launched0
+                    and engine == engine0
+                ):
+                    continue  # back in the state being expanded
+                # raw joint states are keyed by the identities of their (interned) core and
+                # spec; each entry holds both objects, so neither id is reused while it exists
+                raw = (
+                    id(core),
+                    id(spec),
+                    tuple(pending.items()) if pending else (),
+                    faults,
+                    engine,
+                )
+                fhit = fps.get(raw)
+                if fhit is None:
+                    if len(fps) >= memo.limit:
+                        fps.clear()
+                    fhit = fps[raw] = (
+                        core,
+                        spec,
+                        *locate_raw(core, spec, pending, faults, canonical, engine),
+                    )
+                child = fhit[2]
+                if child in parents:
+                    continue
+                # ``launched`` and ``pending`` are copied on write by the harness: shared safely
+                if workers > 1:
+                    owner = fhit[4] % workers
+                    if owner != me:
+                        if child not in sent:
+                            sent.add(child)
+                            outboxes[owner].add(
+                                child,
+                                base + i,
+                                fp,
+                                move,
+                                (core, spec, launched, pending, faults, engine),
+                            )
+                        continue
+                if child not in fresh:
+                    fresh[child] = (
+                        base + i,
+                        fp,
+                        move,
+                        (core, spec, launched, pending, faults, engine),
+                        fhit[3],
+                    )
+            memo.trim()
+        self.transitions = transitions
+        self.quiescent = quiescent
+        self.found = found
+
+
+def _candidate_key(item: tuple[int, Candidate]) -> int:
+    return item[1][0]
+
+
+__all__ = [
+    "RADIX",
+    "Found",
+    "LevelReport",
+    "Outbox",
+    "Shard",
+    "ShardTotals",
+    "without_cyclic_gc",
+]
