@@ -242,7 +242,12 @@ class ProcessCluster:
 
 
 def can_fork() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
+    """Whether worker processes can be started here (a daemonic process, such as a pool's
+    worker, may not have children)."""
+    return (
+        "fork" in multiprocessing.get_all_start_methods()
+        and not multiprocessing.current_process().daemon
+    )
 
 
 def explore(

@@ -184,10 +184,12 @@ class ProfileResult:
 
     @property
     def seconds(self) -> float:
+        """Wall time: the configurations ran one after another."""
         return sum(r.seconds for r in self.results)
 
     @property
     def states_per_second(self) -> float:
+        """Distinct states per second of wall time."""
         return self.states / self.seconds if self.seconds > 0 else 0.0
 
     @property
@@ -245,13 +247,14 @@ class ProfileResult:
                 f"pages={b.pages} positions={b.positions} max_epoch={b.max_epoch} "
                 f"ledger={r.config.ledger_size}: {r.states:,} states, {r.transitions:,} "
                 f"transitions, depth {r.max_depth}, {r.quiescent:,} quiescent, "
-                f"{r.seconds:.1f} s ({r.states_per_second:,.0f} states/s; "
+                f"{r.seconds:.1f} s on {r.workers} worker{'s' if r.workers > 1 else ''} "
+                f"({r.states_per_second:,.0f} states/s; "
                 f"{r.states / max(r.cpu_seconds, 1e-9):,.0f} per CPU second)"
                 + ("" if r.exhaustive or r.violation else "  [NOT EXHAUSTIVE: capped]")
             )
         lines.append(
             f"  total: {self.states:,} distinct states, {self.transitions:,} transitions, "
-            f"max depth {self.max_depth}, {self.seconds:.1f} s, "
+            f"max depth {self.max_depth}, {self.seconds:.1f} s wall, "
             f"{self.states_per_second:,.0f} states/s ({self.cpu_states_per_second:,.0f} per CPU "
             "second)"
         )
