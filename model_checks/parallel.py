@@ -2,15 +2,16 @@
 
 ``explore(config, jobs=N)`` drives the level-synchronous breadth-first search of ``shard``: with
 one job a single ``Shard`` in this process owns every state; with N, N forked worker processes
-each own the states whose fingerprint maps to them (as TLC's distributed workers do; the map
-reads the fingerprint's core half, so that one worker computes all steps of a core state). Per
-level, this process tells every worker to expand its frontier; the workers hand each other the
-successors they do not own (one batch per pair of workers and level, through multiprocessing
-queues), admit and check their new states, and report their totals and the first violation they
-met. The search stops after the level in which any worker met a violation (the one with the
-smallest key: the one a one-process search meets first), when no worker has a frontier left, or
-at the configuration's state cap. A counterexample is rebuilt by asking the workers for the
-parent links of its states. So the states, transitions, probe counts, verdicts and
+each own the states that a hash of their orbit maps to (as TLC's distributed workers own the
+states their fingerprint maps to; here the hash reads the core state's part of the orbit, so
+that one worker computes all steps of a core state: ``symmetry.core_class``). Per level, this
+process tells every worker to expand its frontier; the workers hand each other the successors
+they do not own (one batch per pair of workers and level, through multiprocessing queues),
+fingerprint, admit and check their new states, and report their totals and the first violation
+they met. The search stops after the level in which any worker met a violation (the one with
+the smallest key: the one a one-process search meets first), when no worker has a frontier
+left, or at the configuration's state cap. A counterexample is rebuilt by asking the workers
+for the parent links of its states. So the states, transitions, probe counts, verdicts and
 counterexamples are the same for any number of workers (tests hold them to it). Workers are
 started with ``fork``: they inherit the compiled spec, the patched core of a mutant and the
 process's hash seed, which fingerprints depend on; where ``fork`` is not available the search

@@ -1,16 +1,17 @@
-"""One worker's part of the explorer's search: the states whose fingerprint it owns.
+"""One worker's part of the explorer's search: the states it owns.
 
-The search is breadth-first and level-synchronous. A ``Shard`` owns the states whose *core half*
-of the fingerprint (``Symmetry.locate_raw``: the hash of the renamed core encoding, the same for
-every state of an orbit) maps to it, ``half % workers == index`` (all of them with one worker),
-so every step of one core state is computed, and memoized, by one worker. It keeps their parent
-links (fingerprint -> parent fingerprint and move), expands the frontier it owns one level at a
-time (every move ``env_moves`` offers, through the memoized lock-step harness: each transition
-checked for refinement and command agreement) and hands every successor it does not own to the
-owner in a batch (``take``/``receive``: core states, spec states and moves travel once per
-channel and then as small integers). At the end of a level the owner admits the new states
-(``admit``): each is checked once (abstraction against the spec's control columns, every
-invariant) and becomes part of the next frontier.
+The search is breadth-first and level-synchronous. A ``Shard`` owns the states whose core state's
+class (``symmetry.core_class``: a hash of what no renaming changes, so the same for every state
+of an orbit) maps to it, ``class % workers == index`` (all of them with one worker): every step
+of one core state is computed, and memoized, by one worker. It keeps their parent links
+(fingerprint -> parent fingerprint and move), expands the frontier it owns one level at a time
+(every move ``env_moves`` offers, through the memoized lock-step harness: each transition checked
+for refinement and command agreement) and hands every successor it does not own to the owner,
+unfingerprinted, in one batch per level (``take``/``receive``: a core state, spec state or move
+travels once per channel and then as a small integer; records are pickled as their field values).
+The owner fingerprints what it receives, so each state is fingerprinted where its memo tables
+are, and at the end of the level admits the new states (``admit``): each is checked once
+(abstraction against the spec's control columns, every invariant) and joins the next frontier.
 
 Every event of a level carries a *key*: the digits (base ``RADIX``) of a state's key are the
 indices of the moves on the path that discovered it, so keys order a level exactly as a
@@ -26,14 +27,19 @@ here: driving the levels and the worker processes (``parallel``), the probes' de
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import gc
+import io
+import operator
+import pickle
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
 
+import retire_core as rc
 from retire_checks.abstraction import canonical_function
 from retire_checks.config import COMPLETION, Config, StepFn, new_lockstep
 from retire_checks.engine import launchable_after
@@ -50,7 +56,8 @@ from retire_checks.lockstep import (
     launched_after,
 )
 from retire_checks.probes import ProbeTally, dynamic_hits
-from retire_checks.symmetry import Symmetry
+from retire_checks.symmetry import Symmetry, core_class
+from retire_core.frozen import FrozenMap
 from retire_spec.actions import Action, ActionInstance
 from retire_spec.invariants import QUIESCENCE, Invariant
 from retire_spec.schema import COLUMN_INDEX, SpecState
@@ -66,7 +73,7 @@ CHANNEL_LIMIT = 200_000
 
 # A joint state: core, spec, launched participants, pending byte checks, faults, launchable.
 State = tuple[Any, ...]
-# A new state of a level: key, parent fingerprint, move, state, canonical spec (or None).
+# A new state of a level: key, parent fingerprint, move, state, canonical spec.
 Candidate = tuple[int, int, ActionInstance, State, Any]
 
 
@@ -103,14 +110,17 @@ class ShardTotals:
 
 
 class Outbox:
-    """The sending end of a channel to one other shard: successors it owns, with each core
-    state, spec state and move sent once and then named by its number (the receiving end
-    keeps them in lists in the same order)."""
+    """The sending end of a channel to one other shard: the successors it owns, raw (its owner
+    fingerprints them), each sent once. A core state, spec state or move is sent once and then
+    named by its number (the receiving end keeps them in lists in the same order)."""
 
     def __init__(self) -> None:
         self.refs: tuple[dict[int, tuple[int, Any]], ...] = ({}, {}, {})
         self.new: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
         self.items: list[tuple[Any, ...]] = []
+        # raw successors sent, by the numbers of their core and spec states: a state sent once
+        # is known to its owner from then on (with the smallest key, since keys only grow)
+        self.sent: set[tuple[Any, ...]] = set()
         self.reset = False
 
     def ref(self, kind: int, obj: Any) -> int:
@@ -122,35 +132,65 @@ class Outbox:
             self.new[kind].append(obj)
         return found[0]
 
-    def add(self, fp: int, key: int, parent: int, move: ActionInstance, state: State) -> None:
+    def add(self, key: int, parent: int, move: ActionInstance, state: State) -> None:
         core, spec, launched, pending, faults, engine = state
-        self.items.append(
-            (
-                fp,
-                key,
-                parent,
-                self.ref(2, move),
-                self.ref(0, core),
-                self.ref(1, spec),
-                launched,
-                pending,
-                faults,
-                engine,
-            )
-        )
+        c, s = self.ref(0, core), self.ref(1, spec)
+        raw = (c, s, tuple(pending.items()) if pending else (), faults, engine)
+        if raw in self.sent:
+            return
+        self.sent.add(raw)
+        self.items.append((key, parent, self.ref(2, move), c, s, launched, pending, faults, engine))
 
-    def take(self) -> tuple[Any, ...]:
+    def take(self) -> bytes:
         cores, specs, moves = self.new
         # a spec state travels as its cells (a plain tuple pickles in half the time)
-        batch = (self.reset, cores, [s.cells for s in specs], moves, self.items)
+        batch = dump_batch((self.reset, cores, [s.cells for s in specs], moves, self.items))
         self.new = ([], [], [])
         self.items = []
         self.reset = False
         if any(len(table) >= CHANNEL_LIMIT for table in self.refs):
             for table in self.refs:
                 table.clear()
+            self.sent.clear()
             self.reset = True
         return batch
+
+
+def _by_fields(cls: type) -> Callable[[Any], tuple[Any, ...]]:
+    """Pickle an attrs record as its class and the values of the fields that make up its value
+    (attrs' own pickling goes through a dict of every slot: about ten times slower to load for
+    a core state, and it carries the core's derived page index, which a step rebuilds)."""
+    fields = [a for a in attrs.fields(cls) if a.eq]
+    assert all(a.init and not a.kw_only for a in fields), cls
+    get = operator.attrgetter(*(a.name for a in fields))
+    if len(fields) == 1:
+        return lambda obj: (cls, (get(obj),))
+    return lambda obj: (cls, get(obj))
+
+
+_BATCH_PICKLING: dict[Any, Any] = {
+    **copyreg.dispatch_table,
+    **{
+        cls: _by_fields(cls)
+        for cls in (
+            rc.CoreState,
+            rc.ScopeRecord,
+            rc.ParticipantRecord,
+            rc.Certificate,
+            rc.CertEntry,
+            rc.Contract,
+        )
+    },
+    FrozenMap: lambda m: (FrozenMap, (dict(m.items()),)),
+}
+
+
+def dump_batch(batch: tuple[Any, ...]) -> bytes:
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _BATCH_PICKLING
+    pickler.dump(batch)
+    return buf.getvalue()
 
 
 @contextlib.contextmanager
@@ -199,7 +239,7 @@ class Shard:
         self.inboxes: list[tuple[list[Any], list[Any], list[Any]]] = [
             ([], [], []) for _ in range(workers)
         ]
-        self.sent: set[int] = set()  # fingerprints handed to their owners already
+        self.owners: dict[int, tuple[Any, int]] = {}  # see ``owner``
         self.transitions = 0
         self.quiescent = 0
         self.found: Found | None = None
@@ -213,11 +253,11 @@ class Shard:
     def start(self) -> LevelReport:
         """Level 0: the initial state (owned, checked and expanded by one shard)."""
         ls = self.ls
-        root, _, half = self.sym.locate_raw(
+        root = self.sym.fingerprint_raw(
             ls.core, ls.spec, ls.pending_reports, ls.faults, self.canonical, ls.launchable
-        )
+        )[0]
         found = None
-        if half % self.workers == self.index:
+        if self.owner(ls.core) == self.index:
             self.parents[root] = None
             self.frontier = [(0, root, ls.snapshot())]
             try:
@@ -232,14 +272,13 @@ class Shard:
         items = sorted(fresh.items(), key=_candidate_key) if self.workers > 1 else fresh.items()
         ls = self.ls
         parents = self.parents
-        canonical = self.canonical
         frontier: list[tuple[int, int, State]] = []
         found = None
         for fp, (key, parent, move, state, canon) in items:
             parents[fp] = (parent, move)
             ls.restore(state)
             try:
-                ls.check_state(canon if canon is not None else canonical(state[1]))
+                ls.check_state(canon)
             except RefinementError as err:
                 if found is None:
                     found = Found(key, parent, move, str(err), violated=err.invariants)
@@ -254,14 +293,14 @@ class Shard:
         self.found = None
         return report
 
-    def take(self, dest: int) -> tuple[Any, ...]:
+    def take(self, dest: int) -> bytes:
         """The batch of this level's successors owned by shard ``dest``."""
         return self.outboxes[dest].take()
 
-    def receive(self, source: int, batch: tuple[Any, ...]) -> None:
-        """Successors found by shard ``source``: each one not known yet, or reached with a
-        smaller key than before, becomes a new state of this level."""
-        reset, cores, specs, moves, items = batch
+    def receive(self, source: int, data: bytes) -> None:
+        """Successors found by shard ``source``, fingerprinted here: each one not known yet, or
+        reached with a smaller key than before, becomes a new state of this level."""
+        reset, cores, specs, moves, items = pickle.loads(data)
         tables = self.inboxes[source]
         if reset:
             for table in tables:
@@ -274,15 +313,38 @@ class Shard:
         known_spec = memo.specs.get
         spec_table.extend([known_spec(c) or intern_spec(c, SpecState(c)) for c in specs])
         move_table.extend(moves)
-        parents, fresh = self.parents, self.fresh
-        for fp, key, parent, m, c, s, launched, pending, faults, engine in items:
+        parents, fresh, fps = self.parents, self.fresh, self.fps
+        fingerprint_raw, canonical = self.sym.fingerprint_raw, self.canonical
+        for key, parent, m, c, s, launched, pending, faults, engine in items:
+            core, spec = core_table[c], spec_table[s]
+            raw = (id(core), id(spec), tuple(pending.items()) if pending else (), faults, engine)
+            fhit = fps.get(raw)
+            if fhit is None:
+                if len(fps) >= memo.limit:
+                    fps.clear()
+                fhit = fps[raw] = (
+                    core,
+                    spec,
+                    *fingerprint_raw(core, spec, pending, faults, canonical, engine),
+                )
+            fp = fhit[2]
             if fp in parents:
                 continue
             known = fresh.get(fp)
             if known is not None and known[0] < key:
                 continue
-            state = (core_table[c], spec_table[s], launched, pending, faults, engine)
-            fresh[fp] = (key, parent, move_table[m], state, None)
+            state = (core, spec, launched, pending, faults, engine)
+            fresh[fp] = (key, parent, move_table[m], state, fhit[3])
+
+    def owner(self, core: Any) -> int:
+        """The shard that owns the states of ``core`` (``symmetry.core_class``), memoized by the
+        identity of the core state (each entry holds it)."""
+        found = self.owners.get(id(core))
+        if found is None:
+            if len(self.owners) >= self.memo.limit:
+                self.owners.clear()
+            found = self.owners[id(core)] = (core, core_class(core) % self.workers)
+        return found[1]  # type: ignore[no-any-return]
 
     def totals(self) -> ShardTotals:
         return ShardTotals(self.tally.flush(), time.process_time() - self.c0)
@@ -307,7 +369,8 @@ class Shard:
         offer = self.offer
         parents = self.parents
         fresh = self.fresh
-        sent = self.sent
+        owners = self.owners
+        owner_of = self.owner
         outboxes = self.outboxes
         workers = self.workers
         me = self.index
@@ -320,7 +383,7 @@ class Shard:
         new_step = ls.new_core_step
         check_commands = ls._check_commands
         legal = ls._legal
-        locate_raw = sym.locate_raw
+        fingerprint_raw = sym.fingerprint_raw
         events = memo.events
         intern = memo.specs.setdefault
         plans = self.plans
@@ -485,6 +548,14 @@ class Shard:
                     and engine == engine0
                 ):
                     continue  # back in the state being expanded
+                # ``launched`` and ``pending`` are copied on write by the harness: shared safely
+                if workers > 1:
+                    known_owner = owners.get(id(core))
+                    owner = owner_of(core) if known_owner is None else known_owner[1]
+                    if owner != me:
+                        state = (core, spec, launched, pending, faults, engine)
+                        outboxes[owner].add(base + i, fp, move, state)
+                        continue
                 # raw joint states are keyed by the identities of their (interned) core and
                 # spec; each entry holds both objects, so neither id is reused while it exists
                 raw = (
@@ -501,33 +572,18 @@ class Shard:
                     fhit = fps[raw] = (
                         core,
                         spec,
-                        *locate_raw(core, spec, pending, faults, canonical, engine),
+                        *fingerprint_raw(core, spec, pending, faults, canonical, engine),
                     )
                 child = fhit[2]
-                if child in parents:
+                if child in parents or child in fresh:
                     continue
-                # ``launched`` and ``pending`` are copied on write by the harness: shared safely
-                if workers > 1:
-                    owner = fhit[4] % workers
-                    if owner != me:
-                        if child not in sent:
-                            sent.add(child)
-                            outboxes[owner].add(
-                                child,
-                                base + i,
-                                fp,
-                                move,
-                                (core, spec, launched, pending, faults, engine),
-                            )
-                        continue
-                if child not in fresh:
-                    fresh[child] = (
-                        base + i,
-                        fp,
-                        move,
-                        (core, spec, launched, pending, faults, engine),
-                        fhit[3],
-                    )
+                fresh[child] = (
+                    base + i,
+                    fp,
+                    move,
+                    (core, spec, launched, pending, faults, engine),
+                    fhit[3],
+                )
             memo.trim()
         self.transitions = transitions
         self.quiescent = quiescent

@@ -12,8 +12,9 @@ in the same orbit, which is what makes the reduction sound; ties in the sorting 
 reduction, never soundness. Page slots are *not* permuted: the core breaks ties between equally
 good pages by page id, so pages are not interchangeable. The encoder names every field of every
 core record it walks and refuses records with fields it does not know (a new core field must be
-added here, not silently dropped from the key). What does not live here: the search itself
-(``explorer``).
+added here, not silently dropped from the key). ``core_class`` hashes the part of a core state
+no renaming changes (the parallel search's owner of a state). What does not live here: the
+search itself (``shard``, ``parallel``).
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ class Symmetry:
                     tuple(sorted(launchable)),
                 )
             )
-        return self._combine(self._renamed(spec), core, pending, faults, launchable)[0]
+        return self._combine(self._renamed(spec), core, pending, faults, launchable)
 
     def fingerprint_raw(
         self,
@@ -185,28 +186,11 @@ class Symmetry:
         launchable: frozenset[tuple[int, int]] = frozenset(),
     ) -> tuple[int, SpecState]:
         """``fingerprint(core, canonical(spec), pending, faults)`` and ``canonical(spec)``, for a
-        spec state that is not (necessarily) canonical (``locate_raw`` without the core half)."""
-        fp, canon, _ = self.locate_raw(core, spec, pending, faults, canonical, launchable)
-        return fp, canon
-
-    def locate_raw(
-        self,
-        core: rc.CoreState,
-        spec: SpecState,
-        pending: Mapping[int, int],
-        faults: int,
-        canonical: Callable[[SpecState], SpecState],
-        launchable: frozenset[tuple[int, int]] = frozenset(),
-    ) -> tuple[int, SpecState, int]:
-        """The fingerprint of a raw joint state, the canonical form of its spec state and the
-        *core half* of the fingerprint: the hash of the renamed core encoding the fingerprint
-        was made from. Like the fingerprint it is the same for every state of an orbit, and it
-        depends on the core state (and the participant order) alone, so the parallel search
-        hands all states of one core state to one worker (``shard``). The spec half is memoized
-        by the identity of ``spec`` (the explorer interns spec states, so equal states meet the
-        same entry; each entry holds ``spec``, so its id is not reused while the entry exists,
-        and a miss on an equal but distinct object only recomputes): ``canonical`` is a pure
-        function and the renamed encodings a pure function of its result."""
+        spec state that is not (necessarily) canonical. Its half is memoized by the identity of
+        ``spec`` (the explorer interns spec states, so equal states meet the same entry; each
+        entry holds ``spec``, so its id is not reused while the entry exists, and a miss on an
+        equal but distinct object only recomputes): ``canonical`` is a pure function and the
+        renamed encodings a pure function of its result."""
         found = self._raw.get(id(spec))
         if found is None:
             if len(self._raw) >= self.limit:
@@ -215,15 +199,13 @@ class Symmetry:
             found = self._raw[id(spec)] = (
                 spec,
                 canon,
-                self._renamed(canon) if self.enabled else None,
+                None if not self.enabled else self._renamed(canon),
             )
         canon = found[1]
         renamed = found[2]
         if renamed is None:
-            fp = self.fingerprint(core, canon, pending, faults, launchable)
-            return fp, canon, hash(core)
-        fp, half = self._combine(renamed, core, pending, faults, launchable)
-        return fp, canon, half
+            return self.fingerprint(core, canon, pending, faults, launchable), canon
+        return self._combine(renamed, core, pending, faults, launchable), canon
 
     def _renamed(self, spec: SpecState) -> list[tuple[int, int, tuple[str, ...]]]:
         renamed = self._specs.get(spec)
@@ -244,8 +226,7 @@ class Symmetry:
         pending: Mapping[int, int],
         faults: int,
         launchable: frozenset[tuple[int, int]] = frozenset(),
-    ) -> tuple[int, int]:
-        """The fingerprint and its core half."""
+    ) -> int:
         if len(renamed) == 1:
             spec_hash, r, parts = renamed[0]
             if pending or launchable:
@@ -254,8 +235,7 @@ class Symmetry:
                 eng = tuple(sorted((slots[s], v) for s, v in launchable))
             else:
                 pend = eng = ()
-            half = self._core_hash(core, r, parts)
-            return hash((hash((spec_hash, pend, faults, eng)), half)), half
+            return hash((hash((spec_hash, pend, faults, eng)), self._core_hash(core, r, parts)))
         candidates = []
         for spec_hash, r, parts in renamed:
             slots = self.renamings[r].slots
@@ -264,10 +244,7 @@ class Symmetry:
             candidates.append((hash((spec_hash, pend, faults, eng)), r, parts))
         best = min(c[0] for c in candidates)
         return min(
-            (hash((h, half)), half)
-            for h, half in (
-                (h, self._core_hash(core, r, parts)) for h, r, parts in candidates if h == best
-            )
+            hash((h, self._core_hash(core, r, parts))) for h, r, parts in candidates if h == best
         )
 
     def _core_hash(self, core: rc.CoreState, r: int, parts: tuple[str, ...]) -> int:
@@ -416,4 +393,60 @@ def encode_core(core: rc.CoreState, ren: Renaming, parts: Mapping[str, str]) -> 
         tuple(sorted(core.generations.items())),
         tuple((sn[s], v) for s, v in core.ledger),
         core.ledger_size,
+    )
+
+
+def core_class(core: rc.CoreState) -> int:
+    """A hash of part of what ``encode_core`` keeps under *every* renaming: the scope records as
+    a multiset, without their ids, tenants, fingerprints and contracts, and the pages (their ids
+    are not renamed) without owner, participant and fingerprint. States of one orbit therefore have
+    cores of one class, and the parallel search (``shard``) hands every state to the worker its
+    core's class maps to. Cheaper than a renamed encoding, and computed without the spec state,
+    so a worker finds a successor's owner before it fingerprints it."""
+    scopes = []
+    for rec in core.scopes.values():
+        cert = rec.certificate
+        scopes.append(
+            hash(
+                (
+                    rec.state.value,  # (an enum member hashes in Python, its value in C)
+                    rec.epoch,
+                    rec.admitted,
+                    rec.context,
+                    tuple(sorted((r.version, r.closed) for r in rec.participants.values())),
+                    None
+                    if cert is None
+                    else (
+                        cert.version,
+                        tuple(
+                            (e.page, e.position, e.generation, e.prefix, e.digest)
+                            for e in cert.entries
+                        ),
+                    ),
+                )
+            )
+        )
+    scopes.sort()
+    pages = tuple(
+        (
+            p,
+            r.version,
+            r.generation,
+            r.position,
+            r.prefix,
+            r.writer_open,
+            r.full,
+            r.digest,
+            r.held,
+            r.pinned,
+        )
+        for p, r in sorted(core.pages.items())
+    )
+    return hash(
+        (
+            tuple(scopes),
+            pages,
+            tuple(sorted(core.generations.items())),
+            tuple(v for _, v in core.ledger),
+        )
     )

@@ -27,7 +27,8 @@ from retire_checks.explorer import (
     run_profile,
 )
 from retire_checks.lockstep import Lockstep, RefinementError, StepMemo
-from retire_checks.symmetry import Symmetry, check_encoder_covers_core
+from retire_checks.shard import Shard, dump_batch
+from retire_checks.symmetry import Symmetry, check_encoder_covers_core, core_class
 from retire_core import reclaim
 from retire_spec.actions import ACTION_BY_NAME, ActionInstance
 from retire_spec.expr import Concrete
@@ -94,7 +95,11 @@ def test_symmetric_states_share_a_fingerprint() -> None:
         ls = Lockstep(uni)
         for m in moves:
             apply_move(ls, m)
+        # the parallel search's owner of a state is a function of its orbit too
+        classes[core_class(ls.core)] = classes.get(core_class(ls.core), 0) + 1
         return sym.fingerprint(ls.core, fast_canonical(ls.spec, b), ls.pending_reports, ls.faults)
+
+    classes: dict[int, int] = {}
 
     # the same story told with the scopes (and their tenants) swapped ...
     left = fp([A("open", (0, (1,), True)), A("launch", (0, 0, 0)), A("allocate", (0, 0, 0))])
@@ -105,6 +110,7 @@ def test_symmetric_states_share_a_fingerprint() -> None:
     a = fp([*two, A("launch", (0, 0, 0)), A("launch", (1, 1, 0)), A("receipt", (0,))])
     c = fp([*two, A("launch", (0, 1, 0)), A("launch", (1, 0, 0)), A("receipt", (1,))])
     assert a == c
+    assert sorted(classes.values()) == [2, 2]
     # ... but not a different story
     assert left != fp([A("open", (0, (2,), True)), A("launch", (0, 0, 0))])
     assert left != fp(
@@ -376,3 +382,22 @@ def test_a_capped_search_stops_alike_with_any_number_of_workers() -> None:
     two = explore(config, jobs=2)
     assert not one.exhaustive and one.states >= 2_000
     assert _outcome(two) == _outcome(one)
+
+
+def test_core_states_travel_between_workers_intact() -> None:
+    """Workers hand each other core states pickled as their records' field values
+    (``shard.dump_batch``): what arrives equals what was sent, hash included, for every core
+    state of the quick profile's ``handoff`` (certificates, participants, pinned pages)."""
+    import pickle
+
+    shard = Shard(mutants.CONFIGS["handoff"], rc.step, None, INVARIANTS)
+    shard.start()
+    while shard.frontier:
+        shard.expand()
+        shard.admit()
+    cores = list(shard.memo.cores)
+    (back,) = pickle.loads(dump_batch((cores,)))
+    assert back == cores
+    assert [hash(c) for c in back] == [hash(c) for c in cores]
+    assert any(c.scopes[s].certificate for c in cores for s in c.scopes)
+    assert any(p.pinned for c in cores for p in c.pages.values())
