@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import queue
 import sys
 import time
 import traceback
@@ -135,23 +136,46 @@ _NOT_MINE = False  # a shard's answer for a state it does not own (a singleton: 
 
 
 def _serve(shard: Shard, me: int, inboxes: list[Any], conn: Connection) -> None:
-    """A worker process: answers the coordinator's requests until told to exit."""
+    """A worker process: answers the coordinator's requests until told to exit. In a level,
+    the batches it sends are marked last or not; it is through with a level once it has
+    expanded its frontier and received the last batch of every other worker."""
     try:
         shard.index = me
         shard.c0 = time.process_time()
         workers = shard.workers
+        inbox = inboxes[me]
+        lasts = 0
+
+        def take_in(message: tuple[int, bytes, bool]) -> None:
+            nonlocal lasts
+            source, data, last = message
+            shard.receive(source, data)
+            lasts += last
+
+        def poll() -> None:
+            while True:
+                try:
+                    message = inbox.get(block=False)
+                except queue.Empty:
+                    return
+                take_in(message)
+
+        def post(dest: int, data: bytes) -> None:
+            inboxes[dest].put((me, data, False))
+
         with without_cyclic_gc():
             while True:
                 op, arg = conn.recv()
                 if op == "start":
                     conn.send(("ok", shard.start()))
                 elif op == "level":
-                    shard.expand()
+                    lasts = 0
+                    shard.expand(post, poll)
                     for dest in range(workers):
                         if dest != me:
-                            inboxes[dest].put((me, shard.take(dest)))
-                    for _ in range(workers - 1):
-                        shard.receive(*inboxes[me].get())
+                            inboxes[dest].put((me, shard.take(dest), True))
+                    while lasts < workers - 1:
+                        take_in(inbox.get())
                     conn.send(("ok", shard.admit()))
                 elif op == "parent":
                     conn.send(("ok", shard.parents.get(arg, _NOT_MINE)))

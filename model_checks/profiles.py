@@ -159,6 +159,14 @@ FULL = Profile(
             Bounds(2, 2, 1, 1, 1, 1, ((1,),), (0, 0)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY),
         ),
+        # two tenants, each revised twice (chains e -> e+1 -> e+2 side by side), a late frame,
+        # a fault; 1,242,242 states (split across the workers)
+        Config(
+            "tenants-chain",
+            Bounds(2, 2, 1, 1, 1, 2, ((1,), (2,)), (0, 1)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+        ),
     ),
     ALL_PROBES,
 )

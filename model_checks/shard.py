@@ -70,6 +70,10 @@ _FRAME_SCOPE, _FRAME_VER, _FRAME_KIND, _PAGE_DATA = (
 RADIX = 1 << 16
 # Objects a channel remembers having sent before it starts afresh (bounds both ends' tables).
 CHANNEL_LIMIT = 200_000
+# During a level, every POLL states a worker sends each outbox holding FLUSH successors or more
+# and takes in what has arrived.
+POLL = 256
+FLUSH = 2_000
 
 # A joint state: core, spec, launched participants, pending byte checks, faults, launchable.
 State = tuple[Any, ...]
@@ -235,6 +239,8 @@ class Shard:
         self.parents: dict[int, tuple[int, ActionInstance] | None] = {}
         self.frontier: list[tuple[int, int, State]] = []  # (key, fingerprint, state)
         self.fresh: dict[int, Candidate] = {}  # this level's new states, by fingerprint
+        # with one worker: this level's new states, admitted already (see ``admit``)
+        self.found_states: list[tuple[int, int, State]] = []
         self.outboxes = [Outbox() for _ in range(workers)]
         self.inboxes: list[tuple[list[Any], list[Any], list[Any]]] = [
             ([], [], []) for _ in range(workers)
@@ -267,14 +273,15 @@ class Shard:
         return LevelReport(len(self.parents), 0, 0, len(self.frontier), found)
 
     def admit(self) -> LevelReport:
-        """Check this level's new states in key order; they make up the next frontier."""
+        """Check this level's new states in key order; they make up the next frontier. (With
+        one worker, ``expand`` has done so as it found them, in key order too.)"""
         fresh = self.fresh
-        items = sorted(fresh.items(), key=_candidate_key) if self.workers > 1 else fresh.items()
         ls = self.ls
         parents = self.parents
-        frontier: list[tuple[int, int, State]] = []
+        frontier = self.found_states
+        self.found_states = []
         found = None
-        for fp, (key, parent, move, state, canon) in items:
+        for fp, (key, parent, move, state, canon) in sorted(fresh.items(), key=_candidate_key):
             parents[fp] = (parent, move)
             ls.restore(state)
             try:
@@ -350,11 +357,18 @@ class Shard:
         return ShardTotals(self.tally.flush(), time.process_time() - self.c0)
 
     # --- expanding a level --------------------------------------------------------------------
-    def expand(self) -> None:
+    def expand(
+        self,
+        post: Callable[[int, bytes], None] | None = None,
+        poll: Callable[[], None] | None = None,
+    ) -> None:
         """Every move from every state of the frontier, in key order. Successors owned here
         are collected in ``fresh`` (the first, smallest key wins), the others in the outboxes
-        (once per fingerprint: a state handed over once is known to its owner from then on).
-        Violations are recorded (the first one: the smallest key) and the level goes on."""
+        (each raw state once). Violations are recorded (the first one: the smallest key) and
+        the level goes on. Every ``POLL`` states, ``post`` gets each outbox holding
+        ``FLUSH`` successors or more (``take``) and ``poll`` may ``receive`` what has arrived:
+        a worker that is through with its frontier works on the others' batches while they
+        finish theirs."""
         config = self.config
         ls = self.ls
         memo = self.memo
@@ -382,12 +396,24 @@ class Shard:
         step = ls.move
         new_step = ls.new_core_step
         check_commands = ls._check_commands
+        check_state = ls.check_state
+        single = workers == 1
+        found_states = self.found_states
         legal = ls._legal
         fingerprint_raw = sym.fingerprint_raw
         events = memo.events
         intern = memo.specs.setdefault
         plans = self.plans
+        countdown = POLL
         for key, fp, snap in self.frontier:
+            if post is not None and poll is not None:
+                countdown -= 1
+                if not countdown:
+                    countdown = POLL
+                    for dest, box in enumerate(outboxes):
+                        if len(box.items) >= FLUSH:
+                            post(dest, box.take())
+                    poll()
             ls.restore(snap)
             moves, completes = offer(ls)
             base = key * RADIX + 1  # the key of the first move's event
@@ -575,7 +601,27 @@ class Shard:
                         *fingerprint_raw(core, spec, pending, faults, canonical, engine),
                     )
                 child = fhit[2]
-                if child in parents or child in fresh:
+                if child in parents:
+                    continue
+                if single:
+                    # alone, the first path to a state is the one with the smallest key: the
+                    # state is admitted at once (as ``admit`` would), while it is at hand
+                    parents[child] = (fp, move)
+                    ls.core, ls.spec, ls.launched = core, spec, launched
+                    ls.pending_reports, ls.faults, ls.launchable = pending, faults, engine
+                    try:
+                        check_state(fhit[3])
+                    except RefinementError as err:
+                        if found is None:
+                            found = Found(base + i, fp, move, str(err), violated=err.invariants)
+                    found_states.append(
+                        (base + i, child, (core, spec, launched, pending, faults, engine))
+                    )
+                    continue
+                # (a successor received from another worker may already be here, with a
+                # larger key or a smaller one)
+                known = fresh.get(child)
+                if known is not None and known[0] < base + i:
                     continue
                 fresh[child] = (
                     base + i,
@@ -595,6 +641,8 @@ def _candidate_key(item: tuple[int, Candidate]) -> int:
 
 
 __all__ = [
+    "FLUSH",
+    "POLL",
     "RADIX",
     "Found",
     "LevelReport",

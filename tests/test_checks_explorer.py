@@ -14,6 +14,7 @@ import pytest
 
 import retire_core as rc
 from retire_checks import mutants
+from retire_checks import shard as shard_module
 from retire_checks.abstraction import Universe, fast_canonical
 from retire_checks.environment import Budget, Offers, apply_move, env_moves
 from retire_checks.explorer import (
@@ -333,12 +334,22 @@ def _outcome(r: ExploreResult) -> tuple[Any, ...]:
     return (r.states, r.transitions, r.max_depth, r.quiescent, r.exhaustive, r.probes)
 
 
-@pytest.mark.parametrize("jobs", [2, 3])
-def test_workers_split_a_search_without_changing_it(jobs: int) -> None:
+@pytest.mark.parametrize(("jobs", "stream"), [(2, False), (3, False), (2, True)])
+def test_workers_split_a_search_without_changing_it(
+    jobs: int, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Split across worker processes (each owning the states of some core states), a search
     finds the same states, transitions, depth, quiescent states and probe hits as in one
-    process. ``twins`` has two scope renamings (owners must agree on whole orbits)."""
-    for config in (mutants.CONFIGS["handoff"], mutants.CONFIGS["twins"]):
+    process. ``twins`` has two scope renamings (owners must agree on whole orbits). With
+    ``stream``, workers hand over batches of ten successors every four states, so batches
+    arrive while the receiver still expands its frontier (which ``control``, whose
+    representatives of a fingerprint differ in what they do next, would show)."""
+    configs = [mutants.CONFIGS["handoff"], mutants.CONFIGS["twins"]]
+    if stream:
+        monkeypatch.setattr(shard_module, "POLL", 4)
+        monkeypatch.setattr(shard_module, "FLUSH", 10)
+        configs.append(mutants.CONFIGS["control"])
+    for config in configs:
         one = explore(config)
         many = explore(config, jobs=jobs)
         assert (one.workers, many.workers) == (1, jobs)
