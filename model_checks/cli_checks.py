@@ -25,9 +25,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retire_checks.cli import command
+
+if TYPE_CHECKING:
+    from retire_checks.profiles import ProfileResult
 
 PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
     "quick": {"bmc_depth": 4, "z3_timeout_ms": 30_000, "hypothesis": False},
@@ -44,7 +47,20 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
         default="test_retire_counterexample.py",
         help="where a counterexample found by the explorer is written as a pytest file",
     )
-    p.add_argument("--jobs", type=int, choices=(1, 2), default=2, help="processes to use")
+    p.add_argument(
+        "--jobs",
+        type=_positive,
+        default=_cpus(),
+        metavar="N",
+        help="worker processes (default: the CPUs available): each explorer configuration is "
+        "split across all of them, then the mutant catalogue and Z3 share them",
+    )
+    p.add_argument(
+        "--speedup",
+        action="store_true",
+        help="also run the explorer with one worker and report the speed-up of --jobs N "
+        "against it (the two runs must agree on every count, probe and verdict)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.add_argument("--skip-mutants", action="store_true", help="do not run the catalogue")
     p.add_argument(
@@ -53,6 +69,20 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
         default=None,
         help="also judge core mutants with the Hypothesis machine (default: full profile only)",
     )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
 
 
 def _mutant_job(names: list[str], use_hypothesis: bool) -> list[dict[str, Any]]:
@@ -102,6 +132,31 @@ def _z3_job(bmc_depth: int, timeout_ms: int) -> dict[str, Any]:
     }
 
 
+def _speedup(result: ProfileResult, single: ProfileResult) -> dict[str, Any]:
+    """The explorer's run over N workers against its run over one: wall times, rates, the
+    ratio, and whether the two agree on every count, probe and verdict (they must)."""
+
+    def outcome(r: ProfileResult) -> list[Any]:
+        return [
+            (x.states, x.transitions, x.max_depth, x.quiescent, x.exhaustive, x.probes, x.violation)
+            for x in r.results
+        ]
+
+    workers = max((r.workers for r in result.results), default=1)
+    return {
+        "workers": workers,
+        "seconds": round(result.seconds, 2),
+        "seconds_one_worker": round(single.seconds, 2),
+        "states_per_second": round(result.states_per_second, 1),
+        "states_per_second_one_worker": round(single.states_per_second, 1),
+        "speedup": round(single.seconds / result.seconds, 3) if result.seconds > 0 else 0.0,
+        "speedup_per_worker": round(single.seconds / result.seconds / workers, 3)
+        if result.seconds > 0
+        else 0.0,
+        "identical": outcome(result) == outcome(single),
+    }
+
+
 def _run_tasks(tasks: list[tuple[str, Any, tuple[Any, ...]]], jobs: int) -> dict[str, Any]:
     """Run ``(name, function, args)`` tasks, in this process or over ``jobs`` worker
     processes (tasks are submitted in the given order: put the longest first)."""
@@ -117,7 +172,7 @@ def _run_tasks(tasks: list[tuple[str, Any, tuple[Any, ...]]], jobs: int) -> dict
 )
 def check(args: argparse.Namespace) -> int:
     from retire_checks.engine import COMMANDS_CHECKED
-    from retire_checks.explorer import PROFILES, ProfileResult, explore_job
+    from retire_checks.explorer import PROFILES, run_profile
     from retire_checks.mutants import CORE_MUTANTS, SPEC_MUTANTS
     from retire_spec.invariants import INVARIANTS, QUIESCENCE
 
@@ -127,19 +182,32 @@ def check(args: argparse.Namespace) -> int:
     out = sys.stdout
     t0 = time.perf_counter()
     progress = not args.no_progress
-    # Longest first, so that two workers finish together.
+    # The explorer first, each configuration over every worker; then the catalogue and Z3 share
+    # the workers as tasks, longest first so that they finish together.
+    result = run_profile(profile, progress=progress, jobs=args.jobs)
+    speedup = None
+    if args.speedup:
+        # one worker after N, not before: the N-worker run must not inherit what this process
+        # compiled for the one-worker run
+        single = run_profile(profile, progress=progress, jobs=1)
+        speedup = _speedup(result, single)
     tasks: list[tuple[str, Any, tuple[Any, ...]]] = []
     if not args.skip_mutants:
-        tasks.append(("mutants:core", _mutant_job, ([m.name for m in CORE_MUTANTS], use_hyp)))
-    for config in sorted(profile.configs, key=lambda c: -c.cost):
-        tasks.append((f"explore:{config.name}", explore_job, (config, config.name, progress)))
-    if not args.skip_mutants:
+        names = [m.name for m in CORE_MUTANTS]
+        for i in range(min(args.jobs, len(names))):
+            tasks.append((f"mutants:core:{i}", _mutant_job, (names[i :: args.jobs], use_hyp)))
         tasks.append(("mutants:spec", _mutant_job, ([m.name for m in SPEC_MUTANTS], False)))
     tasks.append(("z3", _z3_job, (settings["bmc_depth"], settings["z3_timeout_ms"])))
     done = _run_tasks(tasks, args.jobs)
 
-    result = ProfileResult(profile, tuple(done[f"explore:{c.name}"] for c in profile.configs))
     print(result.summary(), file=out)
+    if speedup is not None:
+        print(
+            f"  speed-up: {speedup['speedup']:.2f}x with {speedup['workers']} workers "
+            f"({speedup['seconds']:.1f} s) against one ({speedup['seconds_one_worker']:.1f} s); "
+            f"results {'identical' if speedup['identical'] else 'DIFFERENT'}",
+            file=out,
+        )
     cex = result.violation
     cex_path = None
     if cex is not None:
@@ -150,10 +218,11 @@ def check(args: argparse.Namespace) -> int:
         print(f"written as a pytest case: {cex_path}", file=out)
     z3_info = done["z3"]
     print("\n" + z3_info.get("summary", z3_info.get("error", "")), file=out)
-    verdicts: list[dict[str, Any]] = [
-        *done.get("mutants:core", []),
-        *done.get("mutants:spec", []),
-    ]
+    order = {m.name: i for i, m in enumerate(CORE_MUTANTS + SPEC_MUTANTS)}
+    verdicts: list[dict[str, Any]] = sorted(
+        (v for name, vs in done.items() if name.startswith("mutants:") for v in vs),
+        key=lambda v: order[v["name"]],
+    )
     print(f"\nmutants ({len(verdicts)}):", file=out)
     for v in verdicts:
         status = "killed  " if v["killed"] else "SURVIVED"
@@ -171,6 +240,8 @@ def check(args: argparse.Namespace) -> int:
         "states": result.states,
         "transitions": result.transitions,
         "max_depth": result.max_depth,
+        # the explorer's wall time (its configurations one after another, each over ``jobs``
+        # workers) and distinct states per second of it
         "seconds": round(result.seconds, 2),
         "states_per_second": round(result.states_per_second, 1),
         "cpu_seconds": round(result.cpu_seconds, 2),
@@ -215,7 +286,9 @@ def check(args: argparse.Namespace) -> int:
                 "max_depth": r.max_depth,
                 "quiescent_states": r.quiescent,
                 "seconds": round(r.seconds, 2),
+                "states_per_second": round(r.states_per_second, 1),
                 "cpu_seconds": round(r.cpu_seconds, 2),
+                "workers": r.workers,
                 "exhaustive": r.exhaustive,
             }
             for r in result.results
@@ -235,6 +308,8 @@ def check(args: argparse.Namespace) -> int:
         "total_seconds": round(seconds, 2),
         "jobs": args.jobs,
         "cpus": os.cpu_count(),
+        # with --speedup: the explorer with one worker against ``jobs`` workers
+        "speedup": speedup,
     }
     ok = (
         result.ok
@@ -243,6 +318,7 @@ def check(args: argparse.Namespace) -> int:
         and z3_info.get("all_proved") is True
         and z3_info.get("vacuity") is True
         and (args.skip_mutants or (killed == len(verdicts) and len(verdicts) >= 15))
+        and (speedup is None or speedup["identical"])
     )
     print(
         f"\nretire check --profile {args.profile}: {'OK' if ok else 'FAILED'} — "

@@ -44,7 +44,7 @@ the core, pinned or not) and are what the byte check at adoption exists to catch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import retire_core as rc
 
@@ -66,6 +66,26 @@ COMMANDS_CHECKED: tuple[str, ...] = (
 EngineOp = tuple[str, int, int]  # ("admit" | "fence", scope slot, version)
 
 
+class Books(NamedTuple):
+    """What the engine's books must say about one core state: the pinned pages, the pages it
+    holds, those in its cache, and the running participants of versions without authority."""
+
+    pins: frozenset[int]
+    held: frozenset[int]
+    cached: frozenset[int]
+    unfenced: frozenset[tuple[str, str, int]]
+
+
+def books_of(state: rc.CoreState) -> Books:
+    pages = state.pages
+    return Books(
+        frozenset(p for p, r in pages.items() if r.pinned),
+        frozenset(pages),
+        frozenset(_cached(state)),
+        frozenset(_unfenced(state)),
+    )
+
+
 class CommandViolation(AssertionError):
     """The core emitted a command the modelled engine cannot carry out, or failed to emit one
     the engine needs."""
@@ -78,12 +98,15 @@ def obey(
     commands: Sequence[rc.Command],
     transitions: Sequence[rc.Transition],
     scope_slot: Callable[[str], int],
+    books: Callable[[rc.CoreState], Books] = books_of,
 ) -> tuple[EngineOp, ...]:
     """Check one core step's commands against the engine's books (see the module docstring);
-    return the changes to the set of launchable versions."""
-    pins = {p for p, r in before.pages.items() if r.pinned}
-    held = set(before.pages)
-    cached = _cached(before)
+    return the changes to the set of launchable versions. ``books``: ``books_of``, or a memo
+    of it (a search meets each core state in many steps)."""
+    was = books(before)
+    pins = set(was.pins)
+    held = set(was.held)
+    cached = set(was.cached)
     if type(event) is rc.PageAllocated:
         held.add(event.page)  # the engine allocated it: that is the event
     elif type(event) is rc.PageEvicted:
@@ -176,18 +199,19 @@ def obey(
         else:
             raise CommandViolation(f"a command the engine does not know: {c!r}")
     _check_answers(event, frames, writes)
-    want_pins = {p for p, r in after.pages.items() if r.pinned}
+    now = books(after)
+    want_pins = now.pins
     if pins != want_pins:
         raise CommandViolation(
             f"after the commands the engine pins pages {sorted(pins)}, but the core has "
             f"{sorted(want_pins)} pinned"
         )
-    if held != set(after.pages):
+    if held != now.held:
         raise CommandViolation(
             f"after the commands the engine holds pages {sorted(held)}, but the core tracks "
             f"{sorted(after.pages)}"
         )
-    want_cached = _cached(after)
+    want_cached = now.cached
     if cached != want_cached:
         raise CommandViolation(
             f"after the commands the engine caches pages {sorted(cached)}, but the core has "
@@ -203,7 +227,7 @@ def obey(
         raise CommandViolation(
             f"Admit commands {admits} disagree with the admissions taken {want_admits}"
         )
-    _check_fenced(before, after, fenced)
+    _check_fenced(was.unfenced, now.unfenced, fenced)
     return tuple(ops)
 
 
@@ -245,8 +269,12 @@ def _unfenced(state: rc.CoreState) -> set[tuple[str, str, int]]:
     return out
 
 
-def _check_fenced(before: rc.CoreState, after: rc.CoreState, fenced: set[tuple[str, str]]) -> None:
-    for sid, q, v in sorted(_unfenced(after) - _unfenced(before)):
+def _check_fenced(
+    before: frozenset[tuple[str, str, int]],
+    after: frozenset[tuple[str, str, int]],
+    fenced: set[tuple[str, str]],
+) -> None:
+    for sid, q, v in sorted(after - before):
         if (sid, q) not in fenced:
             raise CommandViolation(
                 f"participant {q!r} of {sid}@{v} runs without authority and was never fenced"
@@ -267,4 +295,11 @@ def launchable_after(
     return frozenset(out)
 
 
-__all__ = ["COMMANDS_CHECKED", "CommandViolation", "launchable_after", "obey"]
+__all__ = [
+    "COMMANDS_CHECKED",
+    "Books",
+    "CommandViolation",
+    "books_of",
+    "launchable_after",
+    "obey",
+]

@@ -26,7 +26,7 @@ from retire_checks.abstraction import (
     abstract_control_cells,
     fast_canonical,
 )
-from retire_checks.engine import CommandViolation, launchable_after, obey
+from retire_checks.engine import Books, CommandViolation, books_of, launchable_after, obey
 from retire_spec.actions import ACTION_BY_NAME, Action, ActionInstance
 from retire_spec.codegen import Predicate, Successor, compiler
 from retire_spec.expr import Concrete
@@ -93,8 +93,8 @@ class StepMemo:
     """Caches of the pure functions a lock-step search evaluates over and over: the core's
     ``step`` on a (core state, event) pair (with the spec instances its transitions stand for,
     its commands already checked against them, and their compiled successor functions), spec
-    effects on a (spec state, action instance) pair, and the abstraction of a (core state,
-    launched participants) pair. Sound because
+    effects on a (spec state, action instance) pair, the abstraction of a (core state,
+    launched participants) pair and the engine's books of a core state. Sound because
     ``retire_core.step``, the spec and the abstraction are pure functions of their arguments;
     one memo serves one core and one action table (a mutant gets its own). Equal core and spec
     states are interned (one object each), so the hot tables are keyed by object identity:
@@ -102,7 +102,17 @@ class StepMemo:
     another object while the entry exists (a miss on an equal but distinct object only costs a
     recomputation). ``trim`` empties every cache once the memo holds ``limit`` entries."""
 
-    __slots__ = ("abstract", "cores", "events", "limit", "size", "spec", "specs", "tables")
+    __slots__ = (
+        "abstract",
+        "books",
+        "cores",
+        "events",
+        "limit",
+        "size",
+        "spec",
+        "specs",
+        "tables",
+    )
 
     def __init__(self, limit: int = 300_000) -> None:
         self.limit = limit
@@ -118,13 +128,22 @@ class StepMemo:
         self.cores: dict[Any, Any] = {}
         # (keyed by the cells tuple: a C-level hash and comparison; equal cells, equal states)
         self.specs: dict[tuple[Any, ...], SpecState] = {}
+        # the engine's books of a core state (``engine.books_of``), by the state's identity
+        self.books: dict[int, tuple[Any, Books]] = {}
+
+    def books_of(self, core: rc.CoreState) -> Books:
+        # each entry holds its state, so the id is not reused while the entry exists
+        found = self.books.get(id(core))
+        if found is None:
+            found = self.books[id(core)] = (core, books_of(core))
+        return found[1]
 
     def trim(self) -> None:
         if self.size >= self.limit:
             self.events.clear()
             self.tables.clear()
             self.size = 0
-        for cache in (self.spec, self.abstract, self.cores, self.specs):
+        for cache in (self.spec, self.abstract, self.cores, self.specs, self.books):
             if len(cache) >= self.limit:
                 cache.clear()
 
@@ -623,6 +642,9 @@ class Lockstep:
             if isinstance(c, rc.PinCertified)
         )
         state = result.state
+        memo = self.memo
+        if memo is not None:
+            state = memo.cores.setdefault(state, state)  # equal core states: one object
         # The modelled engine carries the commands out (``engine.obey``): each must be one it
         # can obey, none it needs may be missing; Admit and Fence change what it may launch.
         try:
@@ -633,14 +655,12 @@ class Lockstep:
                 result.commands,
                 result.transitions,
                 self.uni.scope_slot,
+                books_of if memo is None else memo.books_of,
             )
         except CommandViolation as err:
             raise RefinementError(
                 f"the engine cannot obey the commands: {err} (after {self._last()})"
             ) from err
-        memo = self.memo
-        if memo is not None:
-            state = memo.cores.setdefault(state, state)  # equal core states: one object
         steps = tuple([si for si, _ in compiled])
         outcome = Outcome(result.commands, result.transitions, steps)
         return (state, outcome, tuple(launches), pins, tuple(compiled), ops)

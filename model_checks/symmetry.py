@@ -12,8 +12,9 @@ in the same orbit, which is what makes the reduction sound; ties in the sorting 
 reduction, never soundness. Page slots are *not* permuted: the core breaks ties between equally
 good pages by page id, so pages are not interchangeable. The encoder names every field of every
 core record it walks and refuses records with fields it does not know (a new core field must be
-added here, not silently dropped from the key). What does not live here: the search itself
-(``explorer``).
+added here, not silently dropped from the key). ``core_class`` hashes the part of a core state
+no renaming changes (the parallel search's owner of a state). What does not live here: the
+search itself (``shard``, ``parallel``).
 """
 
 from __future__ import annotations
@@ -392,4 +393,60 @@ def encode_core(core: rc.CoreState, ren: Renaming, parts: Mapping[str, str]) -> 
         tuple(sorted(core.generations.items())),
         tuple((sn[s], v) for s, v in core.ledger),
         core.ledger_size,
+    )
+
+
+def core_class(core: rc.CoreState) -> int:
+    """A hash of part of what ``encode_core`` keeps under *every* renaming: the scope records as
+    a multiset, without their ids, tenants, fingerprints and contracts, and the pages (their ids
+    are not renamed) without owner, participant and fingerprint. States of one orbit therefore have
+    cores of one class, and the parallel search (``shard``) hands every state to the worker its
+    core's class maps to. Cheaper than a renamed encoding, and computed without the spec state,
+    so a worker finds a successor's owner before it fingerprints it."""
+    scopes = []
+    for rec in core.scopes.values():
+        cert = rec.certificate
+        scopes.append(
+            hash(
+                (
+                    rec.state.value,  # (an enum member hashes in Python, its value in C)
+                    rec.epoch,
+                    rec.admitted,
+                    rec.context,
+                    tuple(sorted((r.version, r.closed) for r in rec.participants.values())),
+                    None
+                    if cert is None
+                    else (
+                        cert.version,
+                        tuple(
+                            (e.page, e.position, e.generation, e.prefix, e.digest)
+                            for e in cert.entries
+                        ),
+                    ),
+                )
+            )
+        )
+    scopes.sort()
+    pages = tuple(
+        (
+            p,
+            r.version,
+            r.generation,
+            r.position,
+            r.prefix,
+            r.writer_open,
+            r.full,
+            r.digest,
+            r.held,
+            r.pinned,
+        )
+        for p, r in sorted(core.pages.items())
+    )
+    return hash(
+        (
+            tuple(scopes),
+            pages,
+            tuple(sorted(core.generations.items())),
+            tuple(v for _, v in core.ledger),
+        )
     )

@@ -34,7 +34,7 @@ REQUIRED_KEYS = {
 
 def test_retire_check_quick_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report_path = tmp_path / "report.json"
-    code = main(["check", "--json", str(report_path), "--no-progress"])
+    code = main(["check", "--json", str(report_path), "--no-progress", "--jobs", "2", "--speedup"])
     out = capsys.readouterr().out
     assert code == 0, out
     report = json.loads(report_path.read_text(encoding="utf-8"))
@@ -43,6 +43,11 @@ def test_retire_check_quick_profile(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert report["states"] > 40_000 and report["transitions"] > report["states"]
     assert report["max_depth"] >= 15
     assert report["states_per_second"] > 0
+    # the explorer over two workers, and once more over one: the same results
+    assert report["jobs"] == 2 and all(c["workers"] == 2 for c in report["configs"])
+    speedup = report["speedup"]
+    assert speedup["workers"] == 2 and speedup["identical"] is True
+    assert speedup["speedup"] > 0 and speedup["seconds_one_worker"] > 0
     assert set(report["invariants"]) == {i.name for i in INVARIANTS + QUIESCENCE}
     assert all(report["invariants"].values())
     assert report["refinement"] is True
@@ -91,7 +96,8 @@ def test_a_vacuous_proof_fails_the_check(
     assert code == 1 and "retire check --profile quick: FAILED" in out
 
 
-def test_bad_usage_exits_2() -> None:
+@pytest.mark.parametrize("args", [["--profile", "enormous"], ["--jobs", "0"]])
+def test_bad_usage_exits_2(args: list[str]) -> None:
     with pytest.raises(SystemExit) as err:
-        main(["check", "--profile", "enormous"])
+        main(["check", *args])
     assert err.value.code == 2

@@ -14,19 +14,22 @@ import pytest
 
 import retire_core as rc
 from retire_checks import mutants
+from retire_checks import shard as shard_module
 from retire_checks.abstraction import Universe, fast_canonical
 from retire_checks.environment import Budget, Offers, apply_move, env_moves
 from retire_checks.explorer import (
     COMPLETION,
     QUICK,
     Config,
+    ExploreResult,
     Profile,
     Progress,
     explore,
     run_profile,
 )
 from retire_checks.lockstep import Lockstep, RefinementError, StepMemo
-from retire_checks.symmetry import Symmetry, check_encoder_covers_core
+from retire_checks.shard import Shard, dump_batch
+from retire_checks.symmetry import Symmetry, check_encoder_covers_core, core_class
 from retire_core import reclaim
 from retire_spec.actions import ACTION_BY_NAME, ActionInstance
 from retire_spec.expr import Concrete
@@ -93,7 +96,11 @@ def test_symmetric_states_share_a_fingerprint() -> None:
         ls = Lockstep(uni)
         for m in moves:
             apply_move(ls, m)
+        # the parallel search's owner of a state is a function of its orbit too
+        classes[core_class(ls.core)] = classes.get(core_class(ls.core), 0) + 1
         return sym.fingerprint(ls.core, fast_canonical(ls.spec, b), ls.pending_reports, ls.faults)
+
+    classes: dict[int, int] = {}
 
     # the same story told with the scopes (and their tenants) swapped ...
     left = fp([A("open", (0, (1,), True)), A("launch", (0, 0, 0)), A("allocate", (0, 0, 0))])
@@ -104,6 +111,7 @@ def test_symmetric_states_share_a_fingerprint() -> None:
     a = fp([*two, A("launch", (0, 0, 0)), A("launch", (1, 1, 0)), A("receipt", (0,))])
     c = fp([*two, A("launch", (0, 1, 0)), A("launch", (1, 0, 0)), A("receipt", (1,))])
     assert a == c
+    assert sorted(classes.values()) == [2, 2]
     # ... but not a different story
     assert left != fp([A("open", (0, (2,), True)), A("launch", (0, 0, 0))])
     assert left != fp(
@@ -283,11 +291,11 @@ def test_trimmed_memos_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """With memo tables so small that they are emptied many times during the search (the step
     memo's core-step tables, fingerprints of raw states, interned states), the search finds the
     same states, transitions and probe counts."""
-    import retire_checks.explorer as explorer_module
+    import retire_checks.shard as shard_module
 
     config = QUICK.configs[-1]  # tenants: every probe counter matters
     want = explore(config)
-    monkeypatch.setattr(explorer_module, "StepMemo", lambda: StepMemo(limit=300))
+    monkeypatch.setattr(shard_module, "StepMemo", lambda: StepMemo(limit=300))
     got = explore(config)
     assert (got.states, got.transitions, got.quiescent) == (
         want.states,
@@ -320,3 +328,87 @@ def test_the_engine_launches_only_admitted_unfenced_versions() -> None:
     out = apply_move(racing, A("launch", (0, 0, 0)))
     assert [type(c).__name__ for c in out.commands] == ["Fence"]
     assert launches(racing) == {1}
+
+
+def _outcome(r: ExploreResult) -> tuple[Any, ...]:
+    return (r.states, r.transitions, r.max_depth, r.quiescent, r.exhaustive, r.probes)
+
+
+@pytest.mark.parametrize(("jobs", "stream"), [(2, False), (3, False), (2, True)])
+def test_workers_split_a_search_without_changing_it(
+    jobs: int, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Split across worker processes (each owning the states of some core states), a search
+    finds the same states, transitions, depth, quiescent states and probe hits as in one
+    process. ``twins`` has two scope renamings (owners must agree on whole orbits). With
+    ``stream``, workers hand over batches of ten successors every four states, so batches
+    arrive while the receiver still expands its frontier (which ``control``, whose
+    representatives of a fingerprint differ in what they do next, would show)."""
+    configs = [mutants.CONFIGS["handoff"], mutants.CONFIGS["twins"]]
+    if stream:
+        monkeypatch.setattr(shard_module, "POLL", 4)
+        monkeypatch.setattr(shard_module, "FLUSH", 10)
+        configs.append(mutants.CONFIGS["control"])
+    for config in configs:
+        one = explore(config)
+        many = explore(config, jobs=jobs)
+        assert (one.workers, many.workers) == (1, jobs)
+        assert one.violation is None and many.violation is None and one.exhaustive
+        assert _outcome(many) == _outcome(one), config.name
+
+
+@pytest.mark.parametrize(
+    "name", ["digest_ignored", "cross_tenant_write", "align_takes_same_tenant_page"]
+)
+def test_workers_find_the_same_shortest_counterexample(name: str) -> None:
+    """A seeded core bug is found by the split search too, with the very counterexample (and
+    the same counts up to the level it was found in) as in one process."""
+    mutant = mutants.MUTANTS[name]
+    with mutant.active():
+        one = explore(mutant.configs[0])
+        two = explore(mutant.configs[0], jobs=2)
+    assert one.violation is not None
+    assert two.violation == one.violation
+    assert _outcome(two) == _outcome(one)
+
+
+def test_workers_find_a_quiescence_violation() -> None:
+    """The leaky core of ``test_quiescence_catches_a_leak_that_refinement_cannot``, with a
+    spec action table of its own: both reach the worker processes."""
+    no_free = dict(ACTION_BY_NAME)
+    no_free["free"] = attrs.evolve(no_free["free"], guard=lambda I, st, p: I.lit(False))
+    reclaim._orig = reclaim.reclaim  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reclaim, "reclaim", _leaky_reclaim)
+        one = explore(mutants.CONFIGS["chain"], actions=no_free)
+        two = explore(mutants.CONFIGS["chain"], actions=no_free, jobs=2)
+    assert one.violation is not None and one.violation.quiescence
+    assert two.violation == one.violation
+    assert _outcome(two) == _outcome(one)
+
+
+def test_a_capped_search_stops_alike_with_any_number_of_workers() -> None:
+    config = attrs.evolve(mutants.CONFIGS["chain"], max_states=2_000)
+    one = explore(config)
+    two = explore(config, jobs=2)
+    assert not one.exhaustive and one.states >= 2_000
+    assert _outcome(two) == _outcome(one)
+
+
+def test_core_states_travel_between_workers_intact() -> None:
+    """Workers hand each other core states pickled as their records' field values
+    (``shard.dump_batch``): what arrives equals what was sent, hash included, for every core
+    state of the quick profile's ``handoff`` (certificates, participants, pinned pages)."""
+    import pickle
+
+    shard = Shard(mutants.CONFIGS["handoff"], rc.step, None, INVARIANTS)
+    shard.start()
+    while shard.frontier:
+        shard.expand()
+        shard.admit()
+    cores = list(shard.memo.cores)
+    (back,) = pickle.loads(dump_batch((cores,)))
+    assert back == cores
+    assert [hash(c) for c in back] == [hash(c) for c in cores]
+    assert any(c.scopes[s].certificate for c in cores for s in c.scopes)
+    assert any(p.pinned for c in cores for p in c.pages.values())

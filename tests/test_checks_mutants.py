@@ -78,7 +78,13 @@ def test_without_the_engine_checks_command_mutants_survive(
     launchable versions (no check), the explorer finds nothing in the same configuration."""
 
     def bookkeeping_only(
-        before: Any, event: Any, after: Any, commands: Any, transitions: Any, slot: Any
+        before: Any,
+        event: Any,
+        after: Any,
+        commands: Any,
+        transitions: Any,
+        slot: Any,
+        books: Any = None,
     ) -> tuple[Any, ...]:
         ops: list[Any] = []
         for c in commands:

@@ -1,0 +1,315 @@
+"""The explorer's profiles: ``QUICK`` and ``FULL`` (lists of configurations with the probes a run
+must hit), ``ProfileResult`` (a profile's run: totals, probes, verdicts, the summary) and
+``run_profile``, which explores a profile's configurations one after another, each over every
+worker it is given. What does not live here: the search of one configuration (``parallel``,
+``shard``) and the ``retire check`` command (``cli_checks``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, TextIO
+
+import attrs
+
+import retire_core as rc
+from retire_checks.config import Config, Profile, StepFn
+from retire_checks.counterexample import Counterexample
+from retire_checks.environment import Budget
+from retire_checks.parallel import ExploreResult, Progress, explore
+from retire_checks.probes import ALL_PROBES
+from retire_spec.actions import Action
+from retire_spec.invariants import INVARIANTS, QUIESCENCE
+from retire_spec.schema import Bounds
+
+TOKEN_ONLY = (0,)
+ALL_KINDS = (0, 1, 2)
+
+_NO_CONTROL: dict[str, Any] = {"pause": False, "cancel": False, "finish": False}
+
+QUICK = Profile(
+    "quick",
+    (
+        # Revision chains e -> e+1 -> e+2 of one scope: late frames of every classification
+        # (a one-entry ledger lets drained versions expire), chain collapse, byte-check faults.
+        Config(
+            "chain",
+            Bounds(1, 2, 1, 1, 1, 2, ((1,), (2,)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # Certified handoff of a two-block prefix: partial adoption after a fault, recompute.
+        Config(
+            "handoff",
+            Bounds(1, 2, 0, 2, 2, 1, ((1, 2),), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # Pause and cancel against frames of every kind, cancel during a pending handoff.
+        Config(
+            "control",
+            Bounds(1, 2, 1, 1, 1, 1, ((1,),), (0,)),
+            Budget(faults=0, frame_kinds=ALL_KINDS),
+        ),
+        # Two tenants side by side: cross-scope and cross-tenant write attempts.
+        Config(
+            "tenants",
+            Bounds(2, 2, 0, 1, 1, 1, ((1,),), (0, 1)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+        ),
+        # Two scopes of the same tenant and model (equal fingerprints) with the same context:
+        # only ALIGN's page-owner check keeps one scope's pages from the other's successor.
+        Config(
+            "twins",
+            Bounds(2, 2, 0, 1, 1, 1, ((1,),), (0, 0)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+        ),
+    ),
+    ALL_PROBES,
+)
+
+FULL = Profile(
+    "full",
+    (
+        # one scope, three participants, chains of two revisions
+        Config(
+            "chain",
+            Bounds(1, 3, 1, 1, 1, 2, ((1,), (2,)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # chains of three revisions e -> e+1 -> e+2 -> e+3
+        Config(
+            "deep",
+            Bounds(1, 2, 1, 1, 1, 3, ((1,), (2,)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # chains of three revisions with two late frames in flight
+        Config(
+            "deep-frames",
+            Bounds(1, 2, 2, 1, 1, 3, ((1,), (2,)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # two-block handoffs across two revisions with two revised contexts
+        Config(
+            "handoff",
+            Bounds(1, 2, 0, 2, 2, 2, ((1, 2), (1, 3)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # three-block handoffs: certification and adoption cut at every position
+        Config(
+            "handoff-long",
+            Bounds(1, 2, 0, 3, 3, 1, ((1, 2, 3),), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # two tenants, each with a two-block handoff and one of two revised contexts, a fault
+        Config(
+            "tenants-handoff",
+            Bounds(2, 2, 0, 2, 2, 1, ((1, 2), (1, 3)), (0, 1)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # two-block handoffs with a late frame in flight
+        Config(
+            "handoff-frames",
+            Bounds(1, 2, 1, 2, 2, 1, ((1, 2), (1, 3)), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # pause, unpause and cancel against two frames of every kind, with a fault
+        Config(
+            "control",
+            Bounds(1, 2, 2, 1, 1, 1, ((1,),), (0,)),
+            Budget(faults=1, frame_kinds=ALL_KINDS),
+        ),
+        # two tenants, two pages each way, a late frame
+        Config(
+            "tenants",
+            Bounds(2, 2, 1, 2, 1, 1, ((1,),), (0, 1)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+        ),
+        # two tenants with pause, unpause and cancel, a late frame
+        Config(
+            "tenants-control",
+            Bounds(2, 2, 1, 1, 1, 1, ((1,),), (0, 1)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY),
+        ),
+        # two tenants, three participants
+        Config(
+            "tenants-parts",
+            Bounds(2, 3, 1, 1, 1, 1, ((1,),), (0, 1)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+        ),
+        # two scopes of one tenant and model, each with a two-block handoff and one of two
+        # revised contexts, a fault: the page-owner check of ALIGN and adoption under load
+        Config(
+            "twins-handoff",
+            Bounds(2, 2, 0, 2, 2, 1, ((1, 2), (1, 3)), (0, 0)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # two scopes of one tenant and model with pause, unpause and cancel, a late frame (one
+        # page: with two, 2.9 million states and 16 CPU minutes)
+        Config(
+            "twins-control",
+            Bounds(2, 2, 1, 1, 1, 1, ((1,),), (0, 0)),
+            Budget(faults=0, frame_kinds=TOKEN_ONLY),
+        ),
+        # two tenants, each revised twice (chains e -> e+1 -> e+2 side by side), a late frame,
+        # a fault; 1,242,242 states (split across the workers)
+        Config(
+            "tenants-chain",
+            Bounds(2, 2, 1, 1, 1, 2, ((1,), (2,)), (0, 1)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+        ),
+    ),
+    ALL_PROBES,
+)
+PROFILES: dict[str, Profile] = {p.name: p for p in (QUICK, FULL)}
+
+
+@attrs.frozen(slots=True)
+class ProfileResult:
+    profile: Profile
+    results: tuple[ExploreResult, ...]
+
+    @property
+    def states(self) -> int:
+        return sum(r.states for r in self.results)
+
+    @property
+    def transitions(self) -> int:
+        return sum(r.transitions for r in self.results)
+
+    @property
+    def max_depth(self) -> int:
+        return max((r.max_depth for r in self.results), default=0)
+
+    @property
+    def seconds(self) -> float:
+        """Wall time: the configurations ran one after another."""
+        return sum(r.seconds for r in self.results)
+
+    @property
+    def states_per_second(self) -> float:
+        """Distinct states per second of wall time."""
+        return self.states / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(r.cpu_seconds for r in self.results)
+
+    @property
+    def cpu_states_per_second(self) -> float:
+        return self.states / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+    @property
+    def probes(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for r in self.results:
+            total.update(r.probes)
+        return total
+
+    @property
+    def missing_probes(self) -> tuple[str, ...]:
+        probes = self.probes
+        return tuple(p for p in self.profile.required_probes if not probes[p])
+
+    @property
+    def violation(self) -> Counterexample | None:
+        return next((r.violation for r in self.results if r.violation is not None), None)
+
+    @property
+    def exhaustive(self) -> bool:
+        return all(r.exhaustive for r in self.results) and len(self.results) == len(
+            self.profile.configs
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None and self.exhaustive and not self.missing_probes
+
+    def invariants(self) -> dict[str, bool]:
+        """Each invariant and quiescence property: true iff every configuration was explored
+        exhaustively and no state violated it."""
+        cex = self.violation
+        bad = set(cex.violated) if cex is not None else set()
+        done = self.exhaustive
+        return {inv.name: done and inv.name not in bad for inv in INVARIANTS + QUIESCENCE}
+
+    def refinement(self) -> bool:
+        cex = self.violation
+        return self.exhaustive and (cex is None or bool(cex.violated))
+
+    def summary(self) -> str:
+        lines = [f"explorer, profile {self.profile.name}:"]
+        for r in self.results:
+            b = r.config.bounds
+            lines.append(
+                f"  {r.config.name:<9} scopes={b.scopes} parts={b.parts} frames={b.frames} "
+                f"pages={b.pages} positions={b.positions} max_epoch={b.max_epoch} "
+                f"ledger={r.config.ledger_size}: {r.states:,} states, {r.transitions:,} "
+                f"transitions, depth {r.max_depth}, {r.quiescent:,} quiescent, "
+                f"{r.seconds:.1f} s on {r.workers} worker{'s' if r.workers > 1 else ''} "
+                f"({r.states_per_second:,.0f} states/s; "
+                f"{r.states / max(r.cpu_seconds, 1e-9):,.0f} per CPU second)"
+                + ("" if r.exhaustive or r.violation else "  [NOT EXHAUSTIVE: capped]")
+            )
+        lines.append(
+            f"  total: {self.states:,} distinct states, {self.transitions:,} transitions, "
+            f"max depth {self.max_depth}, {self.seconds:.1f} s wall, "
+            f"{self.states_per_second:,.0f} states/s ({self.cpu_states_per_second:,.0f} per CPU "
+            "second)"
+        )
+        probes = self.probes
+        moves = sorted((k[5:], v) for k, v in probes.items() if k.startswith("move:"))
+        acts = sorted((k[11:], v) for k, v in probes.items() if k.startswith("transition:"))
+        lines.append("  hits per environment move: " + ", ".join(f"{k} {v:,}" for k, v in moves))
+        lines.append("  hits per core transition: " + ", ".join(f"{k} {v:,}" for k, v in acts))
+        missing = self.missing_probes
+        lines.append(
+            f"  probes: {len(self.profile.required_probes) - len(missing)}/"
+            f"{len(self.profile.required_probes)} hit"
+            + (f"; NEVER HIT (vacuous): {', '.join(missing)}" if missing else "")
+        )
+        cex = self.violation
+        if cex is not None:
+            lines.append(f"  VIOLATION in {cex.config.name}: {cex.error}")
+        return "\n".join(lines)
+
+
+def run_profile(
+    profile: Profile,
+    step_fn: StepFn = rc.step,
+    actions: dict[str, Action] | None = None,
+    progress: bool = True,
+    stream: TextIO | None = None,
+    jobs: int = 1,
+) -> ProfileResult:
+    """Explore the configurations of ``profile`` one after another, each over ``jobs`` worker
+    processes (1: in this process), stopping at the first violation."""
+    results = []
+    for config in profile.configs:
+        bar = Progress(f"{profile.name}/{config.name}", stream, enabled=progress)
+        result = explore(config, step_fn, actions, progress=bar, jobs=jobs)
+        bar.done()
+        results.append(result)
+        if result.violation is not None:
+            break
+    return ProfileResult(profile, tuple(results))
+
+
+__all__ = [
+    "ALL_KINDS",
+    "FULL",
+    "PROFILES",
+    "QUICK",
+    "TOKEN_ONLY",
+    "ProfileResult",
+    "run_profile",
+]
