@@ -351,7 +351,7 @@ class Shard:
             if len(self.owners) >= self.memo.limit:
                 self.owners.clear()
             found = self.owners[id(core)] = (core, core_class(core) % self.workers)
-        return found[1]  # type: ignore[no-any-return]
+        return found[1]
 
     def totals(self) -> ShardTotals:
         return ShardTotals(self.tally.flush(), time.process_time() - self.c0)
