@@ -455,7 +455,7 @@ class Lockstep:
         self.pending_reports = pending
 
     def plan(self, inst: ActionInstance) -> tuple[Any, ...]:
-        """How the explorer's loop takes ``inst`` (``explorer._explore``, which inlines ``move``
+        """How the explorer's loop takes ``inst`` (``shard.Shard.expand``, which inlines ``move``
         on a memo hit): ``(inst, kind, fault, a, b)``. For a core move, ``kind`` says what
         ``_event_key`` adds to the move's identity ``a`` (``BY_LAUNCH``: the launch of
         participant ``b``; ``BY_FRAME``: frame ``b``'s scope, version and kind; ``BY_PAGE_DATA``:
