@@ -320,20 +320,11 @@ class Shard:
         known_spec = memo.specs.get
         spec_table.extend([known_spec(c) or intern_spec(c, SpecState(c)) for c in specs])
         move_table.extend(moves)
-        parents, fresh, fps = self.parents, self.fresh, self.fps
-        fingerprint_raw, canonical = self.sym.fingerprint_raw, self.canonical
+        parents, fresh = self.parents, self.fresh
+        fingerprinted = self.fingerprinted
         for key, parent, m, c, s, launched, pending, faults, engine in items:
             core, spec = core_table[c], spec_table[s]
-            raw = (id(core), id(spec), tuple(pending.items()) if pending else (), faults, engine)
-            fhit = fps.get(raw)
-            if fhit is None:
-                if len(fps) >= memo.limit:
-                    fps.clear()
-                fhit = fps[raw] = (
-                    core,
-                    spec,
-                    *fingerprint_raw(core, spec, pending, faults, canonical, engine),
-                )
+            fhit = fingerprinted(core, spec, pending, faults, engine)
             fp = fhit[2]
             if fp in parents:
                 continue
@@ -342,6 +333,25 @@ class Shard:
                 continue
             state = (core, spec, launched, pending, faults, engine)
             fresh[fp] = (key, parent, move_table[m], state, fhit[3])
+
+    def fingerprinted(
+        self, core: Any, spec: Any, pending: Any, faults: Any, engine: Any
+    ) -> tuple[Any, ...]:
+        """``(core, spec, *fingerprint_raw(...))`` of a joint state, memoized on its raw form:
+        keyed by the identities of its (interned) core and spec; each entry holds both objects,
+        so neither id is reused while it exists."""
+        fps = self.fps
+        raw = (id(core), id(spec), tuple(pending.items()) if pending else (), faults, engine)
+        fhit = fps.get(raw)
+        if fhit is None:
+            if len(fps) >= self.memo.limit:
+                fps.clear()
+            fhit = fps[raw] = (
+                core,
+                spec,
+                *self.sym.fingerprint_raw(core, spec, pending, faults, self.canonical, engine),
+            )
+        return fhit
 
     def owner(self, core: Any) -> int:
         """The shard that owns the states of ``core`` (``symmetry.core_class``), memoized by the
@@ -373,13 +383,10 @@ class Shard:
         ls = self.ls
         memo = self.memo
         bounds = config.bounds
-        sym = self.sym
         quiescence = self.quiescence
         tally = self.tally
         probes = tally.counts
         seen = tally._seen
-        canonical = self.canonical
-        fps = self.fps
         offer = self.offer
         parents = self.parents
         fresh = self.fresh
@@ -400,7 +407,7 @@ class Shard:
         single = workers == 1
         found_states = self.found_states
         legal = ls._legal
-        fingerprint_raw = sym.fingerprint_raw
+        fingerprinted = self.fingerprinted
         events = memo.events
         intern = memo.specs.setdefault
         plans = self.plans
@@ -582,24 +589,7 @@ class Shard:
                         state = (core, spec, launched, pending, faults, engine)
                         outboxes[owner].add(base + i, fp, move, state)
                         continue
-                # raw joint states are keyed by the identities of their (interned) core and
-                # spec; each entry holds both objects, so neither id is reused while it exists
-                raw = (
-                    id(core),
-                    id(spec),
-                    tuple(pending.items()) if pending else (),
-                    faults,
-                    engine,
-                )
-                fhit = fps.get(raw)
-                if fhit is None:
-                    if len(fps) >= memo.limit:
-                        fps.clear()
-                    fhit = fps[raw] = (
-                        core,
-                        spec,
-                        *fingerprint_raw(core, spec, pending, faults, canonical, engine),
-                    )
+                fhit = fingerprinted(core, spec, pending, faults, engine)
                 child = fhit[2]
                 if child in parents:
                     continue
