@@ -195,7 +195,8 @@ def test_every_arm_in_one_short_evaluation_against_real_servers(tmp_path: Any) -
     from pathlib import Path
 
     from retire_bench import curve
-    from retire_bench.traces import BurstyParams, dump_trace, generate_bursty
+    from retire_bench.trace_sources import BurstyParams, generate_bursty
+    from retire_bench.traces import dump_trace
 
     trace = generate_bursty(0, BurstyParams(duration_s=4.0, prompt_tokens=128, max_new_tokens=16))
     path = Path(tmp_path) / "short.jsonl"

@@ -13,7 +13,7 @@ from typing import Any
 from retire_bench import curve
 from retire_bench import metrics as M
 from retire_bench.reference import Admission
-from retire_bench.traces import BurstyParams, generate_bursty
+from retire_bench.trace_sources import BurstyParams, generate_bursty
 from retire_vllm.api import Delivery
 
 

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def short_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from retire_bench.traces import BurstyParams, dump_trace, generate_bursty
+    from retire_bench.trace_sources import BurstyParams, generate_bursty
+    from retire_bench.traces import dump_trace
 
     trace = generate_bursty(0, BurstyParams(duration_s=4.0, prompt_tokens=128, max_new_tokens=16))
     path = tmp_path_factory.mktemp("trace") / "short.jsonl"

@@ -1,4 +1,4 @@
-"""Tests of `retire_bench.traces`: the revision-trace format, generator, importer and statistics.
+"""Tests of `retire_bench.traces` and `trace_sources`: format, generator, importer, statistics.
 
 What lives here: the generator reproduces the paper's densest-window statistics (and mutants of it
 fail that check), determinism and the shipped default trace, strict loading with line-numbered
@@ -23,11 +23,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from retire_bench.trace_sources import (
+    BurstyParams,
+    generate_bursty,
+    import_agent_log,
+    paper_params,
+    window,
+)
 from retire_bench.traces import (
     DEFAULT_SEED,
     DEFAULT_TRACE_PATH,
     PAPER_TARGETS,
-    BurstyParams,
     Contract,
     EditContext,
     EventKind,
@@ -43,17 +49,13 @@ from retire_bench.traces import (
     dumps_trace,
     expand_tokens,
     final_versions,
-    generate_bursty,
-    import_agent_log,
     load_trace,
     loads_trace,
     main,
     materialize,
     materialize_context,
-    paper_params,
     stats,
     version_numbers,
-    window,
 )
 from retire_vllm.identity import common_prefix_len
 

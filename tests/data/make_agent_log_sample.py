@@ -16,7 +16,8 @@ import random
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
-from retire_bench.traces import EventKind, generate_bursty, paper_params
+from retire_bench.trace_sources import generate_bursty, paper_params
+from retire_bench.traces import EventKind
 
 BASE = datetime(2025, 3, 14, 9, 0, 0, tzinfo=UTC).timestamp()
 DENSE_AT = 600.0  # seconds after BASE where the dense window's trace starts
