@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 import retire_core as rc
+from retire_checks import trace_validation
 from retire_checks.abstraction import Universe
 from retire_checks.environment import Budget, apply_move, env_moves
 from retire_checks.lockstep import Lockstep
@@ -20,7 +21,9 @@ from retire_checks.scenario import BOUNDS as SCENARIO_BOUNDS
 from retire_checks.scenario import SCRIPT
 from retire_checks.trace_validation import TraceError, validate_lines
 from retire_cli import main
-from retire_spec.schema import Bounds
+from retire_spec.expr import Interp, Val
+from retire_spec.invariants import INVARIANTS, Invariant
+from retire_spec.schema import Bounds, SpecState
 
 WALK = Bounds(
     scopes=2,
@@ -102,6 +105,26 @@ def test_scenario_trace_with_adoption_and_fault_is_valid() -> None:
     report = validate_lines(lines)
     assert report.transitions == len(lines)
     assert report.hidden["corrupt"] >= 1  # the digest mismatch is explained by a corruption
+
+
+def test_a_state_breaking_an_invariant_is_rejected_at_that_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The validator checks every invariant after every line (one compiled body): with a stricter
+    invariant that the spec does not keep -- no page is ever pinned -- the scenario trace is
+    rejected at its first certification, naming that invariant."""
+
+    def no_page_pinned(I: Interp, st: SpecState) -> Val:
+        return I.forall("Page", lambda p: I.not_(I.get(st["page_pinned"], p)))
+
+    lines = scenario_trace()
+    first_certify = next(i for i, d in enumerate(_records(lines)) if d["transition"] == "certify")
+    stricter = (*INVARIANTS, Invariant("no_page_pinned", "No page is pinned.", no_page_pinned))
+    monkeypatch.setattr(trace_validation, "INVARIANTS", stricter)
+    with pytest.raises(TraceError) as err:
+        validate_lines(lines)
+    assert err.value.line == first_certify + 1
+    assert "violating ['no_page_pinned']" in err.value.message
 
 
 def test_frame_published_after_its_version_retired_is_rejected_at_that_line() -> None:
