@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from retire_checks import mutants
+from retire_checks import mutant_kind, mutants
 from retire_checks.explorer import QUICK
 from retire_spec.actions import ACTION_BY_NAME, Action, enabled, instances
 from retire_spec.codegen import Codegen, Compiler, Src
@@ -23,8 +23,8 @@ from tests.helpers import arbitrary_spec_state
 
 BOUNDS = (
     *(c.bounds for c in QUICK.configs),
-    mutants.SPEC_ONE.bounds,
-    mutants.SPEC_TENANTS.bounds,
+    mutant_kind.SPEC_ONE.bounds,
+    mutant_kind.SPEC_TENANTS.bounds,
     Bounds(2, 2, 1, 2, 2, 2, ((1, 2), (1, 3)), (0, 1)),
 )
 

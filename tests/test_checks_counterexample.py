@@ -9,7 +9,8 @@ import pytest
 
 from retire_checks.explorer import replay
 from retire_checks.lockstep import RefinementError
-from retire_checks.mutants import CONFIGS, MUTANTS
+from retire_checks.mutant_kind import CONFIGS
+from retire_checks.mutants import MUTANTS
 from retire_spec.actions import ActionInstance as A
 
 CONFIG = CONFIGS["chain"]

@@ -13,7 +13,7 @@ import attrs
 import pytest
 
 import retire_core as rc
-from retire_checks import mutants
+from retire_checks import mutant_kind, mutants
 from retire_checks import shard as shard_module
 from retire_checks.abstraction import Universe, fast_canonical
 from retire_checks.environment import Budget, Offers, apply_move, env_moves
@@ -120,7 +120,7 @@ def test_symmetric_states_share_a_fingerprint() -> None:
 
 
 def test_symmetry_reduces_without_losing_violations() -> None:
-    config = attrs.evolve(mutants.CONFIGS["tenants"])
+    config = attrs.evolve(mutant_kind.CONFIGS["tenants"])
     plain = explore(attrs.evolve(config, symmetry=False))
     reduced = explore(config)
     assert plain.violation is None and reduced.violation is None
@@ -158,7 +158,7 @@ def test_quiescence_catches_a_leak_that_refinement_cannot() -> None:
     reclaim._orig = reclaim.reclaim  # type: ignore[attr-defined]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reclaim, "reclaim", _leaky_reclaim)
-        result = explore(mutants.CONFIGS["chain"], actions=no_free)
+        result = explore(mutant_kind.CONFIGS["chain"], actions=no_free)
     cex = result.violation
     assert cex is not None and cex.quiescence and "no_leak" in cex.violated
 
@@ -178,7 +178,7 @@ def test_counterexample_is_numbered_and_written_as_a_replayable_pytest_case(
 ) -> None:
     mutant = mutants.MUTANTS["closed_on_partial_receipts"]
     with mutant.active():
-        cex = explore(mutants.CONFIGS["chain"]).violation
+        cex = explore(mutant_kind.CONFIGS["chain"]).violation
         assert cex is not None
         steps = cex.steps()
     assert steps.splitlines()[0].startswith("  1. ")
@@ -344,11 +344,11 @@ def test_workers_split_a_search_without_changing_it(
     ``stream``, workers hand over batches of ten successors every four states, so batches
     arrive while the receiver still expands its frontier (which ``control``, whose
     representatives of a fingerprint differ in what they do next, would show)."""
-    configs = [mutants.CONFIGS["handoff"], mutants.CONFIGS["twins"]]
+    configs = [mutant_kind.CONFIGS["handoff"], mutant_kind.CONFIGS["twins"]]
     if stream:
         monkeypatch.setattr(shard_module, "POLL", 4)
         monkeypatch.setattr(shard_module, "FLUSH", 10)
-        configs.append(mutants.CONFIGS["control"])
+        configs.append(mutant_kind.CONFIGS["control"])
     for config in configs:
         one = explore(config)
         many = explore(config, jobs=jobs)
@@ -380,15 +380,15 @@ def test_workers_find_a_quiescence_violation() -> None:
     reclaim._orig = reclaim.reclaim  # type: ignore[attr-defined]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reclaim, "reclaim", _leaky_reclaim)
-        one = explore(mutants.CONFIGS["chain"], actions=no_free)
-        two = explore(mutants.CONFIGS["chain"], actions=no_free, jobs=2)
+        one = explore(mutant_kind.CONFIGS["chain"], actions=no_free)
+        two = explore(mutant_kind.CONFIGS["chain"], actions=no_free, jobs=2)
     assert one.violation is not None and one.violation.quiescence
     assert two.violation == one.violation
     assert _outcome(two) == _outcome(one)
 
 
 def test_a_capped_search_stops_alike_with_any_number_of_workers() -> None:
-    config = attrs.evolve(mutants.CONFIGS["chain"], max_states=2_000)
+    config = attrs.evolve(mutant_kind.CONFIGS["chain"], max_states=2_000)
     one = explore(config)
     two = explore(config, jobs=2)
     assert not one.exhaustive and one.states >= 2_000
@@ -401,7 +401,7 @@ def test_core_states_travel_between_workers_intact() -> None:
     state of the quick profile's ``handoff`` (certificates, participants, pinned pages)."""
     import pickle
 
-    shard = Shard(mutants.CONFIGS["handoff"], rc.step, None, INVARIANTS)
+    shard = Shard(mutant_kind.CONFIGS["handoff"], rc.step, None, INVARIANTS)
     shard.start()
     while shard.frontier:
         shard.expand()

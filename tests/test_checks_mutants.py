@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import retire_core as rc
-from retire_checks import lockstep, mutants
+from retire_checks import lockstep, mutants, mutants_core
 from retire_checks.engine import COMMANDS_CHECKED
 from retire_checks.explorer import QUICK, explore_spec
 from retire_core import gates, handlers, handoff, table
@@ -116,7 +116,7 @@ def test_mutant_is_killed(name: str) -> None:
     assert handlers.publication_gate is gates.publication_gate
     assert handlers.write_gate is gates.write_gate
     assert dict(table.TABLE) == TABLE_BEFORE and table.TABLE.rows == ROWS_BEFORE
-    assert handoff.verify_adoption is mutants._verify
+    assert handoff.verify_adoption is mutants_core._verify
 
 
 def test_unmutated_core_and_spec_pass_the_mutants_runs() -> None:

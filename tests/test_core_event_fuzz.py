@@ -16,7 +16,7 @@ from hypothesis import Phase, given, settings
 import retire_core as rc
 from retire_checks.engine import COMMANDS_CHECKED
 from retire_checks.event_fuzz import FAMILIES, FuzzFailure, Plan, Tally, run_trace
-from retire_checks.mutants import _handler
+from retire_checks.mutants_core import _handler
 from retire_core import handlers
 from retire_core.events import PAGE_EVENTS, SCOPE_EVENTS
 from retire_core.state import evolve

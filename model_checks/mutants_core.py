@@ -1,0 +1,684 @@
+"""Core mutants: seeded bugs in ``retire_core``'s decisions and in the commands it emits.
+
+Each patches one decision of the core (``unittest.mock.patch`` on the gates, handoff,
+reclamation or a record method, or on the ``table.TABLE`` entries of an event: ``_handler``), or
+keeps the decisions and changes what the engine is told (the *command* mutants: a missing
+``Fence``, ``Unpin`` or ``Admit``, an ``Admit`` of the wrong version ...). The spec is left alone,
+so the explorer over the real core must find a refinement, invariant or quiescence violation.
+What does not live here: the ``Mutant`` record (``mutant_kind``), spec mutants (``mutants_spec``)
+and judging (``mutants``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
+
+import attrs
+
+import retire_core as rc
+from retire_checks.mutant_kind import CONFIGS, Mutant
+from retire_core import connection, gates, handlers, handoff, machine, reclaim, table
+from retire_core.state import evolve as evolve_record
+
+# --- core mutants ----------------------------------------------------------------------------
+
+_gate = gates.publication_gate
+_write_gate = gates.write_gate
+_verify = handoff.verify_adoption
+_release = handoff.release_certificate
+_candidates = handoff._candidates
+_reclaim = reclaim.reclaim
+_on_cancel = handlers.on_cancel
+_certify = handoff.certify_prefix
+
+
+def _stale_gate(kind: rc.FrameKind) -> Callable[..., tuple[bool, rc.DropReason | None]]:
+    def gate(
+        scope: rc.ScopeRecord, version: int, k: rc.FrameKind
+    ) -> tuple[bool, rc.DropReason | None]:
+        if k is kind and scope.state is not rc.ScopeState.CANCELLED:
+            return True, None  # forgets the version check for this kind
+        return _gate(scope, version, k)
+
+    return gate
+
+
+def _cancelled_gate(
+    scope: rc.ScopeRecord, version: int, k: rc.FrameKind
+) -> tuple[bool, rc.DropReason | None]:
+    if scope.state is rc.ScopeState.CANCELLED and version == scope.epoch:
+        return True, None
+    return _gate(scope, version, k)
+
+
+def _finished_gate(
+    scope: rc.ScopeRecord, version: int, k: rc.FrameKind
+) -> tuple[bool, rc.DropReason | None]:
+    if scope.state is rc.ScopeState.FINISHED and version == scope.epoch:
+        return True, None  # a finished version keeps publishing
+    return _gate(scope, version, k)
+
+
+def _finish_without_fence(txn: Any, ev: rc.VersionFinished) -> None:
+    rec = txn.scopes[ev.scope]
+    if not rec.has_authority(ev.version):
+        return
+    txn.scopes[ev.scope] = evolve_record(rec, state=rc.ScopeState.FINISHED)
+    txn.record("finish", rc.Stage.RECLAIM, ev.scope, rec.epoch)
+    _reclaim(txn, ev.scope)  # what still runs of the version is never told to stop
+
+
+def _forget_keeping_record(txn: Any, ev: rc.Forget) -> None:
+    rec = txn.scopes[ev.scope]
+    txn.record("forget", rc.Stage.CONTROL, ev.scope, rec.epoch)  # but the record stays
+
+
+def _paused_launch_refused(txn: Any, ev: rc.ParticipantStarted) -> None:
+    rec = txn.scopes.get(ev.scope)
+    if rec is not None and rec.state is rc.ScopeState.PAUSED and ev.version == rec.epoch:
+        raise rc.IllegalTransitionError(rec.state.value, "ParticipantStarted", "paused")
+    handlers.on_participant_started(txn, ev)
+
+
+def _pause_gate(
+    scope: rc.ScopeRecord, version: int, k: rc.FrameKind
+) -> tuple[bool, rc.DropReason | None]:
+    if scope.state is rc.ScopeState.PAUSED:
+        # a paused scope is treated as having lost authority
+        return False, rc.DropReason.RETIRED_VERSION
+    return _gate(scope, version, k)
+
+
+def _write_gate_ignoring(field: str) -> Callable[..., tuple[bool, rc.FenceReason | None]]:
+    def gate(
+        page: rc.PageRecord | None, scope: str, version: int, participant: str
+    ) -> tuple[bool, rc.FenceReason | None]:
+        if page is not None and page.writer_open:
+            if field == "version" and page.owner == scope:
+                return True, None
+            if field == "owner" and page.version == version:
+                return True, None
+        return _write_gate(page, scope, version, participant)
+
+    return gate
+
+
+def _candidates_open_writers(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
+    by_position = _candidates(txn, scope, rec)
+    for p, page in txn.pages.items():
+        if (
+            page.owner == scope
+            and page.version < rec.epoch
+            and page.writer_open
+            and page.position < len(rec.context)
+            and page.prefix == rec.context[page.position]
+        ):
+            fake = evolve_record(page, writer_open=False, full=True, digest=page.digest or "0")
+            by_position.setdefault(page.position, []).append((p, fake))
+    return by_position
+
+
+def _candidates_any_prefix(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
+    by_position: dict[int, list[Any]] = {}
+    for p, page in txn.pages.items():
+        if (
+            page.owner == scope
+            and page.version < rec.epoch
+            and not page.pinned
+            and page.position < len(rec.context)
+            and page.prefix is not None  # ... but not whether it equals the revised context's
+        ):
+            by_position.setdefault(page.position, []).append((p, page))
+    return by_position
+
+
+def _candidates_any_scope(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
+    by_position: dict[int, list[Any]] = {}
+    for p, page in txn.pages.items():
+        if (
+            page.version < rec.epoch  # any owner, any fingerprint: another tenant's pages too
+            and not page.pinned
+            and page.position < len(rec.context)
+            and page.prefix is not None
+            and page.prefix == rec.context[page.position]
+        ):
+            by_position.setdefault(page.position, []).append((p, page))
+    return by_position
+
+
+def _verify_ignoring(field: str) -> Callable[[Any, rc.AdoptionReport], None]:
+    def verify(txn: Any, ev: rc.AdoptionReport) -> None:
+        rec = txn.scopes[ev.scope]
+        cert = rec.certificate
+        if field == "generation":
+            entries = tuple(
+                attrs.evolve(e, generation=txn.pages[e.page].generation)
+                if e.page in txn.pages
+                else e
+                for e in cert.entries
+            )
+            txn.scopes[ev.scope] = attrs.evolve(
+                rec, certificate=attrs.evolve(cert, entries=entries)
+            )
+        else:
+            certified = {e.page: e.digest for e in cert.entries}
+            ev = attrs.evolve(
+                ev, digests=tuple(rc.PageDigest(d.page, certified[d.page]) for d in ev.digests)
+            )
+        _verify(txn, ev)
+
+    return verify
+
+
+def _reused_without_new_generation(txn: Any, ev: rc.PageReused) -> None:
+    page = txn.pages.get(ev.page)
+    if page is None or page.held or page.writer_open or not page.full:
+        raise rc.PageInUseError(f"page {ev.page} is in use")
+    txn.record("reuse_id", rc.Stage.RECLAIM, page.owner, page.version, page=ev.page)
+
+
+def _reclaim_unpinning_drained(txn: Any, scope: str) -> None:
+    rec = txn.scopes[scope]
+    for p, page in list(txn.pages.items()):
+        if page.owner == scope and page.pinned and rec.drained(page.version):
+            txn.pages[p] = evolve_record(page, pinned=False)  # the pin goes before adoption
+    _reclaim(txn, scope)
+
+
+def _reclaim_ignoring_references(txn: Any, scope: str) -> None:
+    rec = txn.scopes[scope]
+    for p, page in list(txn.pages.items()):
+        obsolete = rec.state is rc.ScopeState.CANCELLED or page.version < rec.epoch
+        if page.owner == scope and obsolete and page.held:
+            txn.pages[p] = evolve_record(page, held=False)  # frees under running readers
+    _reclaim(txn, scope)
+
+
+def _partial_drained(self: rc.ScopeRecord, version: int) -> bool:
+    mine = [r for r in self.participants.values() if r.version == version]
+    return not mine or any(r.closed for r in mine)
+
+
+def _cancel_with_successor(txn: Any, ev: rc.Cancel) -> None:
+    _on_cancel(txn, ev)
+    rec = txn.scopes[ev.scope]
+    txn.scopes[ev.scope] = attrs.evolve(rec, epoch=rec.epoch + 1, admitted=True)
+
+
+def _release_keeping_pins(txn: Any, scope: str, reason: rc.UnpinReason) -> None:
+    if reason == rc.UnpinReason.SUPERSEDED_BEFORE_ADOPTION:
+        rec = txn.scopes[scope]
+        txn.scopes[scope] = attrs.evolve(rec, certificate=None)  # forgets the pins: a leak
+        return
+    _release(txn, scope, reason)
+
+
+def _certify_cold_too(txn: Any, scope: str) -> None:
+    rec = txn.scopes[scope]
+    if not rec.contract.allows_reuse:
+        txn.scopes[scope] = attrs.evolve(rec, contract=rc.DEFAULT_CONTRACT)
+        _certify(txn, scope)
+        after = txn.scopes[scope]
+        txn.scopes[scope] = attrs.evolve(after, contract=rec.contract)
+        return
+    _certify(txn, scope)
+
+
+def _candidates_any_owner(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
+    """ALIGN's candidates without the owner check (the fingerprint is still compared): a
+    scope of the same tenant and model inherits another scope's pages."""
+    by_position: dict[int, list[Any]] = {}
+    for p, page in txn.pages.items():
+        if (
+            page.version < rec.epoch
+            and not page.pinned
+            and page.position < len(rec.context)
+            and page.prefix is not None
+            and page.fingerprint == rec.fingerprint
+            and page.prefix == rec.context[page.position]
+        ):
+            by_position.setdefault(page.position, []).append((p, page))
+    return by_position
+
+
+def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
+    return lambda: mock.patch.object(target, name, value)
+
+
+def _handler(
+    event: type, fn: Callable[[Any, Any], None], also: tuple[rc.ScopeState | None, ...] = ()
+) -> Callable[[], Any]:
+    """A mutant of ``event``'s handler: every ``table.TABLE`` entry of ``event`` runs ``fn``
+    instead. ``also`` adds next states to those entries, for a bug that moves a scope where
+    the table does not allow: the table is then wrong too, so that the checks, not the
+    machine's own check of the table, must find it."""
+
+    def patch() -> Any:
+        entries = {
+            key: table.Entry(fn, (*entry.next, *(s for s in also if s not in entry.next)))
+            for key, entry in table.TABLE.items()
+            if key[1] is event
+        }
+        return table.TABLE.patched(entries)
+
+    return patch
+
+
+# --- command mutants: the core decides right but tells the engine something else ----------------
+
+_dispatch = machine.dispatch
+_run_batch = machine.run_batch
+
+
+def _batch_losing_last_event(state: Any, events: Any, counts: list[int] | None = None) -> Any:
+    """``run_batch`` that leaves out the last event of a batch of several (its count stays, as
+    zero, so that the logged path's bookkeeping still lines up)."""
+    events = list(events)
+    if len(events) < 2:
+        return _run_batch(state, events, counts)
+    txn = _run_batch(state, events[:-1], counts)
+    if counts is not None:
+        counts.append(0)
+    return txn
+
+
+def _commands(edit: Callable[[Any, Any], list[Any]]) -> Callable[[], Any]:
+    """A mutant that runs every event as the core does and then rewrites the commands it
+    emits (``edit(txn, commands)`` returns the new list); the core's state and transitions are
+    left alone, so only the check of the commands against the engine's books can see it."""
+
+    def apply(txn: Any, event: Any) -> None:
+        _dispatch(txn, event)
+        if txn.commands:
+            txn.commands[:] = edit(txn, list(txn.commands))
+
+    return _p(machine, "dispatch", apply)
+
+
+def _without(cls: type) -> Callable[[], Any]:
+    return _commands(lambda txn, cmds: [c for c in cmds if not isinstance(c, cls)])
+
+
+def _mapped(cls: type, fn: Callable[[Any, Any], Any]) -> Callable[[], Any]:
+    return _commands(lambda txn, cmds: [fn(txn, c) if isinstance(c, cls) else c for c in cmds])
+
+
+def _fence_first_only(txn: Any, c: rc.Fence) -> rc.Fence:
+    return attrs.evolve(c, participants=c.participants[:1])
+
+
+def _admit_next_version(txn: Any, c: rc.Admit) -> rc.Admit:
+    return attrs.evolve(c, version=c.version + 1)
+
+
+def _admit_claiming_blocks(txn: Any, c: rc.Admit) -> rc.Admit:
+    blocks = len(txn.scopes[c.scope].context)
+    return attrs.evolve(c, adopted_blocks=blocks, cold=False)
+
+
+def _adopt_previous_version(txn: Any, c: rc.Adopt) -> rc.Adopt:
+    return attrs.evolve(c, version=c.version - 1)
+
+
+def _drop_as_publish(txn: Any, c: rc.Drop) -> rc.Publish:
+    return rc.Publish(c.frame, c.scope, c.version, c.kind)
+
+
+def _fence_write_as_allow(txn: Any, c: rc.FenceWrite) -> rc.AllowWrite:
+    return rc.AllowWrite(c.page, c.participant)
+
+
+def _free_with_pinned(txn: Any, cmds: list[Any]) -> list[Any]:
+    pinned = tuple(p for p, page in txn.pages.items() if page.pinned)
+    return [
+        attrs.evolve(c, pages=c.pages + tuple(p for p in pinned if p not in c.pages))
+        if isinstance(c, rc.Free) and pinned
+        else c
+        for c in cmds
+    ]
+
+
+_C = CONFIGS
+CORE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "stale_token_published",
+        "stale publication (token)",
+        "core",
+        "the publication gate forgets the version check for token frames",
+        (_C["chain"],),
+        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.TOKEN)),
+    ),
+    Mutant(
+        "stale_commit_applied",
+        "stale publication (commit gate)",
+        "core",
+        "the scheduler commit gate forgets the version check",
+        (_C["control"],),
+        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.COMMIT)),
+    ),
+    Mutant(
+        "stale_state_installed",
+        "stale publication (install gate)",
+        "core",
+        "the state install gate forgets the version check",
+        (_C["control"],),
+        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.INSTALL)),
+    ),
+    Mutant(
+        "cancelled_scope_publishes",
+        "stale publication (cancel)",
+        "core",
+        "frames of a cancelled scope's last version still publish",
+        (_C["control"],),
+        _p(handlers, "publication_gate", _cancelled_gate),
+    ),
+    Mutant(
+        "open_writer_page_adopted",
+        "adopting an open-writer page",
+        "core",
+        "ALIGN certifies pages whose writer is still open",
+        (_C["chain"],),
+        _p(handoff, "_candidates", _candidates_open_writers),
+    ),
+    Mutant(
+        "prefix_mismatch_adopted",
+        "prefix mismatch",
+        "core",
+        "ALIGN certifies a page whatever prefix it covers",
+        (_C["chain"],),
+        _p(handoff, "_candidates", _candidates_any_prefix),
+    ),
+    Mutant(
+        "foreign_fingerprint_adopted",
+        "fingerprint mismatch",
+        "core",
+        "ALIGN certifies matching-prefix pages of any owner and configuration fingerprint",
+        (_C["tenants"],),
+        _p(handoff, "_candidates", _candidates_any_scope),
+    ),
+    Mutant(
+        "generation_reused",
+        "generation reuse",
+        "core",
+        "a recycled block id keeps its ownership generation",
+        (_C["chain"],),
+        _handler(rc.PageReused, _reused_without_new_generation),
+    ),
+    Mutant(
+        "generation_ignored",
+        "generation reuse (not checked)",
+        "core",
+        "the adoption check ignores the ownership generation",
+        (_C["chain"],),
+        _p(handoff, "verify_adoption", _verify_ignoring("generation")),
+    ),
+    Mutant(
+        "digest_ignored",
+        "digest ignored",
+        "core",
+        "the adoption check ignores the content digest",
+        (_C["chain"],),
+        _p(handoff, "verify_adoption", _verify_ignoring("digest")),
+    ),
+    Mutant(
+        "pin_released_before_adoption",
+        "handoff pin released before adoption",
+        "core",
+        "RECLAIM drops a certified page's handoff pin once its version drained",
+        (_C["chain"],),
+        _p(reclaim, "reclaim", _reclaim_unpinning_drained),
+    ),
+    Mutant(
+        "freed_while_referenced",
+        "free while referenced",
+        "core",
+        "RECLAIM drops an obsolete version's references without waiting for its receipts",
+        (_C["chain"],),
+        _p(reclaim, "reclaim", _reclaim_ignoring_references),
+    ),
+    Mutant(
+        "retired_writer_overwrites_successor",
+        "retired writer overwriting the successor's page",
+        "core",
+        "the write gate lets any version of the owning scope write an open page",
+        (_C["chain"],),
+        _p(handlers, "write_gate", _write_gate_ignoring("version")),
+    ),
+    Mutant(
+        "cross_tenant_write",
+        "cross-tenant write",
+        "core",
+        "the write gate lets any scope write an open page of the same version number",
+        (_C["tenants"],),
+        _p(handlers, "write_gate", _write_gate_ignoring("owner")),
+    ),
+    Mutant(
+        "closed_on_partial_receipts",
+        "closing a version on a partial set of receipts",
+        "core",
+        "a version counts as drained once any one of its participants has closed",
+        (_C["chain"],),
+        _p(rc.ScopeRecord, "drained", _partial_drained),
+    ),
+    Mutant(
+        "pause_loses_authority",
+        "pause losing authority",
+        "core",
+        "the publication gate drops frames of a paused scope's current version",
+        (_C["control"],),
+        _p(handlers, "publication_gate", _pause_gate),
+    ),
+    Mutant(
+        "cancel_creates_successor",
+        "cancel creating a successor",
+        "core",
+        "cancel moves the scope to a new, admitted version",
+        (_C["control"],),
+        _handler(rc.Cancel, _cancel_with_successor),
+    ),
+    Mutant(
+        "chain_collapse_leaks_pins",
+        "chain collapse that leaks",
+        "core",
+        "a revision during a pending handoff forgets the certificate without unpinning",
+        (_C["chain"],),
+        _p(handoff, "release_certificate", _release_keeping_pins),
+    ),
+    Mutant(
+        "align_takes_same_tenant_page",
+        "ALIGN page owner ignored",
+        "core",
+        "ALIGN certifies matching pages of another scope of the same tenant and model",
+        (_C["twins"],),
+        _p(handoff, "_candidates", _candidates_any_owner),
+    ),
+    Mutant(
+        "fence_dropped",
+        "command dropped (Fence)",
+        "core",
+        "the core fences retired participants in its state but never tells the engine",
+        (_C["chain"],),
+        _without(rc.Fence),
+    ),
+    Mutant(
+        "fence_partial",
+        "command distorted (Fence)",
+        "core",
+        "a Fence names only the first of the retired version's running participants",
+        (_C["chain"],),
+        _mapped(rc.Fence, _fence_first_only),
+    ),
+    Mutant(
+        "admit_dropped",
+        "command dropped (Admit)",
+        "core",
+        "the core admits a version but never tells the engine to start it",
+        (_C["chain"],),
+        _without(rc.Admit),
+    ),
+    Mutant(
+        "admit_wrong_version",
+        "command distorted (Admit)",
+        "core",
+        "Admit names the version after the one admitted",
+        (_C["chain"],),
+        _mapped(rc.Admit, _admit_next_version),
+    ),
+    Mutant(
+        "admit_claims_adoption",
+        "command distorted (Admit)",
+        "core",
+        "Admit tells the engine every block of the context was adopted",
+        (_C["chain"],),
+        _mapped(rc.Admit, _admit_claiming_blocks),
+    ),
+    Mutant(
+        "pin_certified_dropped",
+        "command dropped (PinCertified)",
+        "core",
+        "ALIGN pins the certificate in the core's state but never asks the engine to pin",
+        (_C["chain"],),
+        _without(rc.PinCertified),
+    ),
+    Mutant(
+        "adopt_dropped",
+        "command dropped (Adopt)",
+        "core",
+        "RESUME adopts pages in the core's state but never hands them to the engine",
+        (_C["chain"],),
+        _without(rc.Adopt),
+    ),
+    Mutant(
+        "adopt_wrong_version",
+        "command distorted (Adopt)",
+        "core",
+        "Adopt hands the pages to the predecessor's version instead of the successor's",
+        (_C["chain"],),
+        _mapped(rc.Adopt, _adopt_previous_version),
+    ),
+    Mutant(
+        "unpin_dropped",
+        "command dropped (Unpin)",
+        "core",
+        "released handoff pins are never released in the engine",
+        (_C["chain"],),
+        _without(rc.Unpin),
+    ),
+    Mutant(
+        "free_dropped",
+        "command dropped (Free)",
+        "core",
+        "RECLAIM forgets pages but never gives them back to the engine",
+        (_C["chain"],),
+        _without(rc.Free),
+    ),
+    Mutant(
+        "free_pinned_page",
+        "command distorted (Free)",
+        "core",
+        "a Free also names every page that still carries a handoff pin",
+        (_C["handoff"],),
+        _commands(_free_with_pinned),
+    ),
+    Mutant(
+        "drop_published",
+        "command distorted (Drop)",
+        "core",
+        "a frame the gate dropped is sent to the engine as Publish",
+        (_C["chain"],),
+        _mapped(rc.Drop, _drop_as_publish),
+    ),
+    Mutant(
+        "publish_dropped",
+        "command dropped (Publish)",
+        "core",
+        "a frame the gate published never reaches the engine",
+        (_C["chain"],),
+        _without(rc.Publish),
+    ),
+    Mutant(
+        "fence_write_allowed",
+        "command distorted (FenceWrite)",
+        "core",
+        "a write the isolation gate fenced is sent to the engine as AllowWrite",
+        (_C["chain"],),
+        _mapped(rc.FenceWrite, _fence_write_as_allow),
+    ),
+    Mutant(
+        "allow_write_dropped",
+        "command dropped (AllowWrite)",
+        "core",
+        "a write the gate allowed is never answered",
+        (_C["chain"],),
+        _without(rc.AllowWrite),
+    ),
+    Mutant(
+        "batch_loses_last_event",
+        "batch path (handle_batch)",
+        "core",
+        "Retire.handle_batch leaves out the last event of a batch of several",
+        (),
+        _p(connection, "run_batch", _batch_losing_last_event),
+        judged_by=("hypothesis",),
+    ),
+    Mutant(
+        "finished_version_publishes",
+        "stale publication (finish)",
+        "core",
+        "frames of a version that ran to its end still publish",
+        (_C["control"],),
+        _p(handlers, "publication_gate", _finished_gate),
+    ),
+    Mutant(
+        "finished_version_keeps_pages",
+        "leak (finish)",
+        "core",
+        "RECLAIM treats a finished scope's version as live: its pages never go back",
+        (_C["control"],),
+        _p(reclaim, "_ENDED", (rc.ScopeState.CANCELLED,)),
+    ),
+    Mutant(
+        "finish_without_fence",
+        "finish without fence",
+        "core",
+        "a version reported finished while a participant of it still runs is not fenced",
+        (_C["control"],),
+        _handler(rc.VersionFinished, _finish_without_fence),
+    ),
+    Mutant(
+        "release_to_cache_dropped",
+        "command dropped (ReleaseToCache)",
+        "core",
+        "a finished version's pages are never given back to the engine's cache",
+        (_C["control"],),
+        _without(rc.ReleaseToCache),
+    ),
+    Mutant(
+        "forgotten_scope_kept",
+        "forget (record kept)",
+        "core",
+        "Forget logs the scope as forgotten but keeps its record: the id can never open again",
+        (),
+        _handler(rc.Forget, _forget_keeping_record, also=(rc.ScopeState.CANCELLED,)),
+        judged_by=("hypothesis",),
+    ),
+    Mutant(
+        "paused_launch_refused",
+        "late launch refused",
+        "core",
+        "an admitted request that reaches the engine after a pause overtook it is refused (the "
+        "engine core would fail in add_request)",
+        (_C["control"],),
+        _handler(rc.ParticipantStarted, _paused_launch_refused),
+    ),
+    Mutant(
+        "cold_successor_pins",
+        "cold successor inheriting",
+        "core",
+        "ALIGN certifies and pins even when the contract says reuse is not worth it",
+        (_C["chain"],),
+        _p(handoff, "certify_prefix", _certify_cold_too),
+    ),
+)
