@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -43,6 +43,7 @@ import openai
 from retire_vllm.client import ScopeReader, scoped
 
 Prompt = Sequence[int]
+Sending = Coroutine[Any, Any, None]
 
 
 @attrs.define
@@ -222,15 +223,24 @@ class Arm:
     def body(self, scope: str) -> dict[str, Any]:
         return {}
 
-    async def submit(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
+    # ``submit`` and ``revise`` do the application's bookkeeping at once, when called (the new
+    # stream is the scope's current one from that moment: a revision may follow before the
+    # request went out), and return the coroutine that talks to the server.
+    def submit(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> Sending:
+        return self._send(self._open(scope, version), prompt, max_tokens)
+
+    def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> Sending:
+        raise NotImplementedError
+
+    def _open(self, scope: str, version: int) -> Stream:
         self.app.open_scope(scope)
         stream = self._new(scope, version)
         self.current[scope] = stream
-        async with self._lock(scope):
-            await self.app.send(stream, prompt, max_tokens, self.body(scope))
+        return stream
 
-    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
-        raise NotImplementedError
+    async def _send(self, stream: Stream, prompt: Prompt, max_tokens: int) -> None:
+        async with self._lock(stream.scope):
+            await self.app.send(stream, prompt, max_tokens, self.body(stream.scope))
 
     def retiring(self, scope: str) -> Stream:
         """The application's immediate reaction when it decides that the scope's current version
@@ -263,12 +273,13 @@ class HttpAbort(Arm):
 
     name = "http_abort"
 
-    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
+    def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> Sending:
         old = self.retiring(scope)
-        stream = self._new(scope, version)
-        self.current[scope] = stream
+        return self._replace(old, self._open(scope, version), prompt, max_tokens)
+
+    async def _replace(self, old: Stream, stream: Stream, prompt: Prompt, max_tokens: int) -> None:
         await self.app.close_stream(old)  # what is already in the inbox stays there
-        await self.app.send(stream, prompt, max_tokens, self.body(scope))
+        await self.app.send(stream, prompt, max_tokens, self.body(stream.scope))
 
 
 class StopReading(Arm):
@@ -279,12 +290,9 @@ class StopReading(Arm):
     def on_retired(self, old: Stream) -> None:
         self.app.discard(old)  # its reader keeps the socket drained; its chunks go nowhere
 
-    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
+    def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> Sending:
         self.retiring(scope)
-        stream = self._new(scope, version)
-        self.current[scope] = stream
-        async with self._lock(scope):
-            await self.app.send(stream, prompt, max_tokens, self.body(scope))
+        return self._send(self._open(scope, version), prompt, max_tokens)
 
 
 class LetRun(Arm):
@@ -292,18 +300,18 @@ class LetRun(Arm):
 
     name = "let_run"
 
-    async def submit(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
-        await self.revise(scope, version, prompt, max_tokens)
+    def submit(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> Sending:
+        return self.revise(scope, version, prompt, max_tokens)
 
-    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
-        self.app.open_scope(scope)
+    def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> Sending:
         if scope in self.current:
             self.retiring(scope)  # obsolete now; it still runs and is still read
-        stream = self._new(scope, version)
-        self.current[scope] = stream
-        lock = self._order.setdefault(scope, asyncio.Lock())
+        return self._run_in_turn(self._open(scope, version), prompt, max_tokens)
+
+    async def _run_in_turn(self, stream: Stream, prompt: Prompt, max_tokens: int) -> None:
+        lock = self._order.setdefault(stream.scope, asyncio.Lock())
         async with lock:  # one call at a time per scope, in the order asked
-            await self.app.send(stream, prompt, max_tokens, self.body(scope))
+            await self.app.send(stream, prompt, max_tokens, self.body(stream.scope))
             assert stream.task is not None
             await asyncio.shield(stream.task)
 
@@ -323,21 +331,13 @@ class RetireScoped(Arm):
     def body(self, scope: str) -> dict[str, Any]:
         return scoped(self.app.wire(scope))
 
-    async def submit(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
-        self.app.open_scope(scope)
-        stream = self._new(scope, version)
-        self.current[scope] = stream
-        await self._send(stream, prompt, max_tokens)
-
     def on_retired(self, old: Stream) -> None:
         if old.sent_at is None:  # never sent: nothing of it exists on the server
             old.ended_at = old.retired_at
 
-    async def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> None:
+    def revise(self, scope: str, version: int, prompt: Prompt, max_tokens: int) -> Sending:
         self.retiring(scope)
-        stream = self._new(scope, version)
-        self.current[scope] = stream
-        await self._send(stream, prompt, max_tokens)
+        return self._send(self._open(scope, version), prompt, max_tokens)
 
     async def _send(self, stream: Stream, prompt: Prompt, max_tokens: int) -> None:
         """Send once the scope's previous request was accepted (its headers arrived: the server

@@ -3,6 +3,8 @@ importer of recorded agent session logs, with densest-window selection.
 
 `generate_bursty` draws a trace of `BurstyParams` (3 scopes, 24 revisions in 3 bursts, inter-arrival
 CV 3.57 by default; `paper_params()` for the paper's 120 s and 8,192-token prompts);
+`generate_sessions` draws many scopes at a lower density (`SessionParams`: the shape of the
+paper's month, about 2.2 revisions per scope, revisions keeping half the context);
 `import_agent_log` turns a JSON-lines agent log into a trace, and `window` keeps its densest window.
 Both build contexts the same way (a full first context, then edits keeping a prefix). The format
 itself, its loader and dumper, statistics and token expansion live in `traces`; nothing here
@@ -229,6 +231,79 @@ def generate_bursty(seed: int = DEFAULT_SEED, params: BurstyParams | None = None
         ):
             return trace
     raise ValueError(f"no draw in {_MAX_ATTEMPTS} attempts reaches these parameters: {p}")
+
+
+@attrs.frozen
+class SessionParams:
+    """Parameters of `generate_sessions`: many agent sessions at a lower density, the shape of
+    the paper's month (751 revisions across 345 scopes: about 2.2 per scope) at this machine's
+    scale. Defaults: 32 scopes, 70 revisions, starts spread over the first 70 % of 40 s."""
+
+    scopes: int = 32
+    revisions: int = 70
+    duration_s: float = 40.0
+    #: Sessions start uniformly in the first `start_fraction` of `duration_s`.
+    start_fraction: float = 0.7
+    #: Mean gap from a version to its revision (exponential): a user interrupting a running call.
+    revision_gap_s: float = 1.0
+    prompt_tokens: int = 512
+    prefix_overlap: float = 0.5
+    max_new_tokens: int = 64
+    reuse: ReusePolicy = attrs.field(default=ReusePolicy.AUTO, converter=ReusePolicy)
+
+    def to_params(self) -> dict[str, Scalar]:
+        out: dict[str, Scalar] = {"generator": "sessions"}
+        for key, value in attrs.asdict(self).items():
+            out[key] = value.value if isinstance(value, ReusePolicy) else value
+        return out
+
+
+def generate_sessions(seed: int = DEFAULT_SEED, params: SessionParams | None = None) -> Trace:
+    """Many scopes at a lower density, deterministic for `seed`.
+
+    Every scope is one agent session: submitted at a uniform time in the first `start_fraction`
+    of `duration_s`, then revised a number of times (the `revisions` assigned to uniformly random
+    scopes, so some sessions are never revised and a few many times), each revision an
+    exponential gap (mean `revision_gap_s`) after the previous version, keeping
+    `floor(prefix_overlap * length)` tokens of its context; times past `duration_s` are clamped
+    to it. Unlike `generate_bursty` no target CV is solved for: the bursts are whatever
+    overlapping sessions make (the statistics say).
+    """
+    p = params or SessionParams()
+    if p.scopes < 1 or p.revisions < 0:
+        raise ValueError("need scopes >= 1 and revisions >= 0")
+    if p.duration_s <= 0.0 or p.revision_gap_s <= 0.0 or not 0.0 <= p.start_fraction <= 1.0:
+        raise ValueError("duration_s and revision_gap_s must be positive, start_fraction in [0, 1]")
+    if p.prompt_tokens < 1 or p.max_new_tokens < 1:
+        raise ValueError("prompt_tokens and max_new_tokens must be >= 1")
+    _check_overlap(p.prefix_overlap)
+    rng = random.Random(derive_seed("sessions", seed))
+    contract = Contract(reuse=p.reuse)
+    scope_ids = [f"s{i}" for i in range(p.scopes)]
+    counts = [0] * p.scopes
+    for _ in range(p.revisions):
+        counts[rng.randrange(p.scopes)] += 1
+    timed: list[tuple[float, int, TraceEvent]] = []
+    for scope, count in zip(scope_ids, counts, strict=True):
+        t = round(rng.uniform(0.0, p.start_fraction * p.duration_s), 6)
+        ctx = _first_context(seed, scope, p.prompt_tokens)
+        length = ctx.length
+        timed.append(
+            (t, 0, TraceEvent(scope, t, EventKind.SUBMIT, ctx, p.max_new_tokens, contract))
+        )
+        for version in range(1, count + 1):
+            t = round(min(p.duration_s, t + rng.expovariate(1.0 / p.revision_gap_s)), 6)
+            edit = _next_context(seed, scope, version, length, p.prompt_tokens, p.prefix_overlap)
+            length = edit.length_after(length)
+            event = TraceEvent(scope, t, EventKind.REVISION, edit, p.max_new_tokens, contract)
+            timed.append((t, version, event))
+    timed.sort(key=lambda x: (x[0], x[1]))  # stable: a scope's versions stay in order
+    return Trace(
+        name=f"sessions-seed{seed}",
+        events=[event for _, _, event in timed],
+        seed=seed,
+        generator=p.to_params(),
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -780,7 +780,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (here, so that `python -m retire_bench.traces` keeps its commands; the sources import us)
     from retire_bench.trace_sources import (
         BurstyParams,
+        SessionParams,
         generate_bursty,
+        generate_sessions,
         import_agent_log,
         paper_params,
         window,
@@ -793,10 +795,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen.add_argument("--out", type=Path, required=True)
     gen.add_argument("--paper", action="store_true", help="paper scale: 120 s, 8192-token prompt")
     defaults = BurstyParams()
-    for field in ("duration_s", "prompt_tokens", "prefix_overlap", "max_new_tokens", "target_cv"):
+    shape = ("scopes", "revisions", "bursts", "intra_gap_fraction")
+    for field in (
+        *shape,
+        "duration_s",
+        "prompt_tokens",
+        "prefix_overlap",
+        "max_new_tokens",
+        "target_cv",
+    ):
         value = getattr(defaults, field)
         gen.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=None)
     gen.add_argument("--reuse", choices=[r.value for r in ReusePolicy], default=None)
+    ses = sub.add_parser("sessions", help="generate many scopes at a lower density")
+    ses.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ses.add_argument("--out", type=Path, required=True)
+    for field, value in attrs.asdict(SessionParams()).items():
+        if field != "reuse":
+            ses.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=None)
     st = sub.add_parser("stats", help="print a trace's statistics as JSON")
     st.add_argument("path", type=Path)
     imp = sub.add_parser("import", help="import an agent session log")
@@ -814,6 +830,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             changes = {
                 k: getattr(args, k)
                 for k in (
+                    *shape,
                     "duration_s",
                     "prompt_tokens",
                     "prefix_overlap",
@@ -824,6 +841,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if getattr(args, k) is not None
             }
             trace = generate_bursty(args.seed, attrs.evolve(base, **changes))
+            dump_trace(trace, args.out)
+        elif args.command == "sessions":
+            fields = attrs.fields_dict(SessionParams)
+            given = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
+            trace = generate_sessions(args.seed, SessionParams(**given))
             dump_trace(trace, args.out)
         elif args.command == "import":
             trace = import_agent_log(

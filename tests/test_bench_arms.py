@@ -168,7 +168,9 @@ def test_retire_sends_one_request_at_a_time_and_skips_a_revision_replaced_while_
         arm, client = make("retire")
         await arm.submit("a", 0, [1], 8)
         client.gate = asyncio.Event()  # the server has not accepted v1 yet
-        tasks = [asyncio.create_task(arm.revise("a", v, [1, v], 8)) for v in (1, 2, 3)]
+        tasks = [asyncio.create_task(arm.revise("a", 1, [1, 1], 8))]
+        await settle()  # v1 is sent; v2 and v3 are decided while it waits
+        tasks += [asyncio.create_task(arm.revise("a", v, [1, v], 8)) for v in (2, 3)]
         await settle()
         assert len(client.sent) == 2  # v1 is in flight; v2 and v3 wait for its acceptance
         client.gate.set()
@@ -227,3 +229,30 @@ def test_every_arm_in_one_short_evaluation_against_real_servers(tmp_path: Any) -
     assert doc["arms"]["retire"]["obsolete_tokens_after_accept"] == 0
     assert doc["arms"]["stop_reading"]["obsolete_tokens"] == 0
     assert doc["arms"]["let_run"]["final_versions_advanced"] >= 1
+
+
+@pytest.mark.parametrize("arm_name", ["http_abort", "let_run", "stop_reading", "retire"])
+def test_a_revision_right_after_its_submit_finds_the_submitted_version(arm_name: str) -> None:
+    """A session revised before its submit's request went out (many-scope traces do that): the
+    harness calls ``retiring`` at once, so the submitted stream must already be current."""
+
+    async def run() -> None:
+        arm, client = make(arm_name)
+        submit = asyncio.create_task(arm.submit("a", 0, [1, 2], 8))
+        old = arm.retiring("a")  # before the submit's task ran at all
+        assert (old.version, old.retired_at is not None) == (0, True)
+        revision = asyncio.create_task(arm.revise("a", 1, [1, 3], 8))
+        await settle()
+        assert arm.current["a"].version == 1
+        ended: set[int] = set()
+        for _ in range(3):  # let_run sends the revision only once the first call ended
+            for stream in client.streams:
+                if id(stream) not in ended:
+                    stream.emit(4, "length")
+                    ended.add(id(stream))
+            await settle()
+        await asyncio.wait_for(asyncio.gather(submit, revision), 5)
+        await arm.app.drain(5)
+        assert not arm.app.problems
+
+    asyncio.run(run())

@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 
 from retire_bench.trace_sources import (
     BurstyParams,
+    SessionParams,
     generate_bursty,
+    generate_sessions,
     import_agent_log,
     paper_params,
     window,
@@ -224,6 +226,41 @@ def test_shipped_default_trace_is_the_generated_one() -> None:
     assert shipped == generate_bursty(DEFAULT_SEED)
     assert DEFAULT_TRACE_PATH.read_text() == dumps_trace(shipped)
     assert check_shape(stats(shipped)) == []
+
+
+def test_session_traces_have_many_scopes_each_revised_in_order() -> None:
+    p = SessionParams(scopes=20, revisions=45, duration_s=30.0, prefix_overlap=0.5)
+    trace = generate_sessions(3, p)
+    s = stats(trace)
+    assert (s.scopes, s.submits, s.revisions) == (20, 20, 45)
+    assert trace.events == tuple(sorted(trace.events, key=lambda e: e.t))
+    assert all(0.0 <= e.t <= p.duration_s for e in trace.events)
+    starts = [e.t for e in trace.events if e.kind is EventKind.SUBMIT]
+    assert max(starts) <= p.start_fraction * p.duration_s and max(starts) > 0.0
+    revisions = [e for e in trace.events if e.kind is EventKind.REVISION]
+    assert all(
+        isinstance(e.context, EditContext) and e.context.keep_prefix_tokens == 256
+        for e in revisions
+    )  # the first revision keeps half of 512; later ones half of 512 again (256 + 256 new)
+    assert dumps_trace(trace) == dumps_trace(generate_sessions(3, p))
+    assert trace != generate_sessions(4, p)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"scopes": 0}, {"revisions": -1}, {"duration_s": 0.0}, {"start_fraction": 1.5}],
+)
+def test_session_parameters_out_of_range_raise(changes: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        generate_sessions(0, SessionParams(**changes))
+
+
+def test_shipped_sessions_trace_is_the_generated_one(tmp_path: Path) -> None:
+    shipped = DEFAULT_TRACE_PATH.parent / "sessions_trace.jsonl"
+    assert shipped.read_text() == dumps_trace(generate_sessions(DEFAULT_SEED))
+    out = tmp_path / "s.jsonl"
+    assert main(["sessions", "--scopes", "5", "--revisions", "7", "--out", str(out)]) == 0
+    assert load_trace(out) == generate_sessions(DEFAULT_SEED, SessionParams(scopes=5, revisions=7))
 
 
 def test_token_expansion_is_pinned() -> None:
