@@ -378,8 +378,6 @@ def run_workload(
             else:
                 out.outputs[r.name] = tuple(facade.external[unscoped[r.name]].token_ids)
             out.texts[r.name] = _decode(engine, out.outputs[r.name])
-        out.scopes = len(facade.records)
-        _revision_metrics(facade, out)
         if checker is not None:
             for verdict in checker.verify_run(facade).verdicts:
                 final = facade.version_record(verdict.scope).version
@@ -399,6 +397,8 @@ def run_workload(
             msg = f"at close: {type(err).__name__}: {err}"
             out.error = f"{out.error}; {msg}" if out.error else msg
         out.core_log_transitions = facade.core_log.validated if facade.core_log else None
+        out.scopes = len(facade.records)
+        _revision_metrics(facade, out)  # (records only: also of a run that broke)
     pool = ix.block_pool(engine)
     if ix.scheduler(engine).has_unfinished_requests():
         out.leaks.append("requests left in the scheduler")
