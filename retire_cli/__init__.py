@@ -2,8 +2,9 @@
 
 It sits above the packages whose subcommands it offers, so it imports them and none imports it:
 ``retire_checks.cli`` (the registry and ``scenario``), ``retire_checks.cli_checks`` (``check``,
-``validate-trace``), ``retire_bench.cli`` (``demo``, ``replay``) and ``retire_bench.campaign``
-(``campaign``; both left out where ``retire_bench`` is not installed). ``retire serve`` hands
+``validate-trace``), ``retire_bench.cli`` (``demo``, ``replay``), ``retire_bench.campaign``
+(``campaign``) and ``retire_bench.isolation_campaign`` (``isolation``; all left out where
+``retire_bench`` is not installed). ``retire serve`` hands
 every other argument to vLLM's server.
 Exit codes: 0 success, 1 a check failed, 2 bad usage.
 """
@@ -18,7 +19,8 @@ from retire_checks.cli import COMMANDS
 
 try:
     import retire_bench.campaign  # (registers campaign)
-    import retire_bench.cli  # noqa: F401  (registers demo, replay)
+    import retire_bench.cli  # (registers demo, replay)
+    import retire_bench.isolation_campaign  # noqa: F401  (registers isolation)
 except ModuleNotFoundError as err:
     if err.name is None or not "retire_bench.cli".startswith(err.name):
         raise

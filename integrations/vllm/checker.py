@@ -18,7 +18,10 @@ an independent salt), and :meth:`Checker.verify` compares:
   retired it.
 
 The answer is a :class:`Verdict` (attrs).  :class:`IsolationAudit` checks Rule 3 during a run
-(retired work never writes into a page owned by someone else), physically and logically.
+(retired work never writes into a page owned by someone else), physically and logically;
+:class:`TenantAudit` checks it across tenants: no page one tenant wrote is ever read or written
+by a request of another tenant, whether under Retire or not (vLLM's prefix cache is where a page
+would cross).
 """
 
 from __future__ import annotations
@@ -410,6 +413,118 @@ class IsolationAudit:
                     f"step {self.steps}: closed page {p} of {owner} changed during the step"
                 )
         self._snapshot = {}
+
+
+@attrs.define
+class TenantAudit:
+    """Pages crossing tenants, over a whole run (``attach``; ``detach`` before the checker runs
+    its references on the same engine).
+
+    It looks at every scheduled step *before* the facade's own checks (it wraps
+    ``facade.after_schedule``, so that a crossing is counted even when the facade then refuses
+    the step), at every scheduled request, under Retire or not (``external_tenants`` names the
+    tenant of each request outside Retire, by internal request id; one it does not know is a
+    tenant of its own).  The blocks a request's step writes belong to the request's tenant
+    until vLLM hands the block out again (a new generation, ``facade.page_generation``); every
+    other block in its block table is a page it reads (vLLM's prefix hit, or its own earlier
+    writes).  Each (reader, block, generation) is judged once:
+
+    * written by another tenant: a **crossing** (and so is a write into a page another tenant
+      wrote at the same generation);
+    * written by another request of the same tenant (a certified handoff between versions of a
+      scope, a prefix shared by one tenant's requests): ``shared_within_tenant``, allowed;
+    * written by nobody this audit saw: **unattributed** (it cannot vouch for the page).
+
+    ``pages_read`` counts the pages judged that the reader did not write itself.
+    """
+
+    external_tenants: dict[str, str] = attrs.field(factory=dict)
+    crossings: list[str] = attrs.field(factory=list)
+    unattributed: list[str] = attrs.field(factory=list)
+    shared_within_tenant: int = 0
+    pages_read: int = 0
+    pages_written: int = 0
+    steps: int = 0
+    # block -> (generation, tenant, writer) of its last write
+    _writer: dict[int, tuple[int, str, str]] = attrs.field(factory=dict)
+    _judged: set[tuple[str, int, int]] = attrs.field(factory=set)
+    _facade: Any = None
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        return (*self.crossings, *self.unattributed)
+
+    def attach(self, facade: RetireEngine) -> TenantAudit:
+        inner = facade.after_schedule
+
+        def after_schedule(scheduler: Any, scheduler_output: Any) -> None:
+            self.observe(facade, scheduler, scheduler_output)
+            inner(scheduler, scheduler_output)
+
+        facade.after_schedule = after_schedule  # type: ignore[method-assign]
+        self._facade = facade
+        return self
+
+    def detach(self) -> None:
+        if self._facade is not None:
+            del self._facade.after_schedule  # the class's method shows again
+            self._facade = None
+
+    def tenant_of(self, facade: RetireEngine, rid: str) -> tuple[str, str]:
+        """(tenant, writer) of a scheduled request: a version of a scope, or a request outside."""
+        req = facade.reqs.get(rid)
+        if req is not None:
+            return facade.records[req.scope].tenant, f"{req.scope}@{req.version}"
+        return self.external_tenants.get(rid, f"unnamed:{rid}"), rid
+
+    def observe(self, facade: RetireEngine, scheduler: Any, scheduler_output: Any) -> None:
+        self.steps += 1
+        kvm = scheduler.kv_cache_manager
+        requests = scheduler.requests
+        bs = facade.block_size
+        gen = facade.page_generation
+        writer = self._writer
+        reads: list[tuple[str, str, str, list[int]]] = []
+        # Every write of the step first (a prefix hit may be on a block filled in this step).
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            tenant, who = self.tenant_of(facade, rid)
+            ids = ix.manager_block_ids(kvm, rid)
+            end = int(requests[rid].num_computed_tokens)
+            first = (end - int(n)) // bs
+            for idx in range(first, min(len(ids), (end - 1) // bs + 1)):
+                block, g = ids[idx], gen(ids[idx])
+                before = writer.get(block)
+                if before is not None and before[0] == g and before[1] != tenant:
+                    self.crossings.append(
+                        f"step {self.steps}: {who} (tenant {tenant}) writes block {block}, "
+                        f"written by {before[2]} of tenant {before[1]}"
+                    )
+                writer[block] = (g, tenant, who)
+                self.pages_written += 1
+            reads.append((rid, tenant, who, ids[:first]))
+        for rid, tenant, who, blocks in reads:
+            for block in blocks:
+                g = gen(block)
+                key = (rid, block, g)
+                if block == 0 or key in self._judged:  # (block 0: vLLM's null block)
+                    continue
+                self._judged.add(key)
+                by = writer.get(block)
+                if by is not None and by[0] == g and by[2] == who:
+                    continue  # its own earlier write
+                self.pages_read += 1
+                if by is None or by[0] != g:
+                    self.unattributed.append(
+                        f"step {self.steps}: {who} (tenant {tenant}) reads block {block} "
+                        "that no request of this run wrote"
+                    )
+                elif by[1] != tenant:
+                    self.crossings.append(
+                        f"step {self.steps}: {who} (tenant {tenant}) reads block {block}, "
+                        f"written by {by[2]} of tenant {by[1]}"
+                    )
+                elif by[2] != who:
+                    self.shared_within_tenant += 1
 
 
 def check_run(facade: RetireEngine, checker: Checker | None = None) -> RunVerdict:

@@ -160,13 +160,7 @@ class RetireEngine:
         self.max_model_len: int = int(vcfg.model_config.max_model_len)
         self.model_id = Path(str(vcfg.model_config.model)).name
         self.dtype = str(vcfg.model_config.dtype).replace("torch.", "")
-        self.fingerprint = identity.fingerprint(
-            model=self.model_id,
-            dtype=self.dtype,
-            block_size=self.block_size,
-            tenant=tenant,
-            tensor_parallel_size=self.tp,
-        )
+        self.fingerprint = self.fingerprint_of(tenant)
 
         # The core's log, validated against the spec at ``close`` (``corelog``): to ``log_path``,
         # else into $RETIRE_CORE_LOG_DIR unless a logger is given.
@@ -210,15 +204,23 @@ class RetireEngine:
         prompt: Sequence[int],
         contract: Contract = DEFAULT_CONTRACT,
         max_tokens: int = 16,
+        *,
+        tenant: str | None = None,
     ) -> int:
-        tokens, context = self._prepare(scope, prompt, contract, max_tokens)
+        """Version 0 of ``scope``, owned by ``tenant`` (default: the facade's ``tenant``). A
+        scope's tenant is part of its pages' fingerprint, of its prefix identities and of the
+        physical cache salt of its cold versions, so that scopes of several tenants can share
+        one engine without sharing a page."""
+        tenant = self.tenant if tenant is None else tenant
+        tokens, context = self._prepare(scope, prompt, contract, max_tokens, tenant)
         record = VersionRecord(scope, 0, tokens, max_tokens, contract, context, self.clock())
 
         def accept() -> None:
-            self.records[scope] = ScopeLog(scope, self.tenant, [record])
+            self.records[scope] = ScopeLog(scope, tenant, [record])
             self.queues[scope] = deque()
 
-        self.emit(Submit(scope, self.tenant, self.fingerprint, context, contract), accept)
+        submit = Submit(scope, tenant, self.fingerprint_of(tenant), context, contract)
+        self.emit(submit, accept)
         return 0
 
     def supersede(
@@ -228,7 +230,9 @@ class RetireEngine:
         contract: Contract = DEFAULT_CONTRACT,
         max_tokens: int = 16,
     ) -> int:
-        tokens, context = self._prepare(scope, prompt, contract, max_tokens)
+        log = self.records.get(scope)
+        tenant = self.tenant if log is None else log.tenant  # (unknown: the core refuses it)
+        tokens, context = self._prepare(scope, prompt, contract, max_tokens, tenant)
 
         def accept() -> None:
             version = self.retire.current_version(scope)
@@ -680,18 +684,30 @@ class RetireEngine:
 
     # ---- helpers -------------------------------------------------------------------------------
 
+    def fingerprint_of(self, tenant: str) -> str:
+        """The configuration fingerprint of ``tenant``'s pages on this engine."""
+        return identity.fingerprint(
+            model=self.model_id,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            tenant=tenant,
+            tensor_parallel_size=self.tp,
+        )
+
     def _prepare(
-        self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int
+        self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int, tenant: str
     ) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """Check a request (raises before anything changes) and derive its block context."""
         self._check_contract(contract)
         tokens = self._check_prompt(prompt, max_tokens)
-        return tokens, self._context(scope, tokens, contract)
+        return tokens, self._context(scope, tokens, contract, tenant)
 
-    def _context(self, scope: str, tokens: tuple[int, ...], contract: Contract) -> tuple[str, ...]:
+    def _context(
+        self, scope: str, tokens: tuple[int, ...], contract: Contract, tenant: str
+    ) -> tuple[str, ...]:
         return identity.prefix_identities(
             tokens,
-            tenant=self.tenant,
+            tenant=tenant,
             scope=scope,
             numerical_mode=contract.numerical_mode,
             block_size=self.block_size,

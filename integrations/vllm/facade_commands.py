@@ -210,6 +210,13 @@ class FacadeCommands:
 
     # ---- admission -----------------------------------------------------------------------------
 
+    def cold_salt(self, scope: str) -> str:
+        """A fresh physical ``cache_salt`` for a version of ``scope`` that inherits nothing: it
+        names the facade, the scope's tenant and the scope, so vLLM's prefix cache can never
+        serve one scope's (or tenant's) blocks to another."""
+        tenant = self.facade.records[scope].tenant
+        return f"retire:{self.facade.uid}:{tenant}:{scope}:{next(self._salts)}"
+
     def _admit(self, cmd: Admit) -> None:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -227,7 +234,7 @@ class FacadeCommands:
                 raise IntegrationError(f"adopted pages of {cmd.scope} mix cache salts {salts}")
             salt = salts.pop()
         else:
-            salt = f"retire:{f.uid}:{f.tenant}:{cmd.scope}:{next(self._salts)}"
+            salt = self.cold_salt(cmd.scope)
         params = SamplingParams(
             temperature=0.0,
             max_tokens=rec.max_tokens,

@@ -14,6 +14,9 @@
 * :func:`lose_receipt` swallows a participant's next receipt on its way to the core (a closure
   report lost with its worker's message): the core must keep every page that participant may
   still write, and take the receipt when it is delivered late.
+* :func:`shared_cold_salt` makes every version that inherits nothing run under one physical
+  ``cache_salt``, whatever its tenant and scope (a salt derived without them): vLLM's prefix
+  cache may then offer one scope's blocks to another (the isolation campaign's mutant).
 """
 
 from __future__ import annotations
@@ -82,3 +85,8 @@ def lose_receipt(facade: RetireEngine, participant: str) -> LostReceipt:
 
     facade.emit = lossy  # type: ignore[method-assign]
     return lost
+
+
+def shared_cold_salt(facade: RetireEngine, salt: str = "retire:shared") -> None:
+    """From now on every cold version of every scope runs under ``salt``."""
+    facade.commands.cold_salt = lambda scope: salt  # type: ignore[method-assign]
