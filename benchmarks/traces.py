@@ -4,22 +4,20 @@ This module defines what a replay *asks for*: which scope is submitted, revised,
 cancelled at which time offset, with which context (as a deterministic token spec, not token ids),
 how many tokens to generate and under which execution contract. It holds the frozen attrs types
 (`Trace`, `TraceEvent`, `Contract`, context specs), strict loading with `TraceFormatError` carrying
-the offending line number, exact-round-trip dumping, trace statistics, the expansion of token specs
-into token ids, and a small CLI (`python -m retire_bench.traces`). Where traces come from (the
-bursty generator, the agent-log importer, densest-window selection) lives in `trace_sources`. It
+the offending line number, exact-round-trip dumping, trace statistics and the expansion of token
+specs into token ids. Where traces come from (the bursty and session generators, the agent-log
+importer, densest-window selection) lives in `trace_sources`, the CLI in `trace_cli`. It
 does not drive an engine, measure anything or know about vLLM: the replay harness consumes these
 traces; the format is specified in `docs/traces.md`.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
 import math
 import statistics
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -54,7 +52,6 @@ __all__ = [
     "final_versions",
     "load_trace",
     "loads_trace",
-    "main",
     "materialize",
     "materialize_context",
     "stats",
@@ -761,114 +758,8 @@ def materialize(
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# CLI
-
-
-def _print_stats(trace: Trace) -> None:
-    s = stats(trace)
-    out = {
-        "name": trace.name,
-        **s.to_json(),
-        "shape_problems": check_shape(s),
-        "final_versions": [list(pair) for pair in final_versions(trace)],
-    }
-    print(json.dumps(out, indent=2))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    # (here, so that `python -m retire_bench.traces` keeps its commands; the sources import us)
-    from retire_bench.trace_sources import (
-        BurstyParams,
-        SessionParams,
-        generate_bursty,
-        generate_sessions,
-        import_agent_log,
-        paper_params,
-        window,
-    )
-
-    parser = argparse.ArgumentParser(prog="python -m retire_bench.traces", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate the bursty densest-window trace")
-    gen.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    gen.add_argument("--out", type=Path, required=True)
-    gen.add_argument("--paper", action="store_true", help="paper scale: 120 s, 8192-token prompt")
-    defaults = BurstyParams()
-    shape = ("scopes", "revisions", "bursts", "intra_gap_fraction")
-    for field in (
-        *shape,
-        "duration_s",
-        "prompt_tokens",
-        "prefix_overlap",
-        "max_new_tokens",
-        "target_cv",
-    ):
-        value = getattr(defaults, field)
-        gen.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=None)
-    gen.add_argument("--reuse", choices=[r.value for r in ReusePolicy], default=None)
-    ses = sub.add_parser("sessions", help="generate many scopes at a lower density")
-    ses.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    ses.add_argument("--out", type=Path, required=True)
-    for field, value in attrs.asdict(SessionParams()).items():
-        if field != "reuse":
-            ses.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=None)
-    st = sub.add_parser("stats", help="print a trace's statistics as JSON")
-    st.add_argument("path", type=Path)
-    imp = sub.add_parser("import", help="import an agent session log")
-    imp.add_argument("log", type=Path)
-    imp.add_argument("--out", type=Path, required=True)
-    imp.add_argument("--window", type=float, default=None, help="keep the densest window (s)")
-    imp.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    imp.add_argument("--prompt-tokens", type=int, default=512)
-    imp.add_argument("--prefix-overlap", type=float, default=0.0)
-    imp.add_argument("--max-new-tokens", type=int, default=64)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "generate":
-            base = paper_params() if args.paper else BurstyParams()
-            changes = {
-                k: getattr(args, k)
-                for k in (
-                    *shape,
-                    "duration_s",
-                    "prompt_tokens",
-                    "prefix_overlap",
-                    "max_new_tokens",
-                    "target_cv",
-                    "reuse",
-                )
-                if getattr(args, k) is not None
-            }
-            trace = generate_bursty(args.seed, attrs.evolve(base, **changes))
-            dump_trace(trace, args.out)
-        elif args.command == "sessions":
-            fields = attrs.fields_dict(SessionParams)
-            given = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
-            trace = generate_sessions(args.seed, SessionParams(**given))
-            dump_trace(trace, args.out)
-        elif args.command == "import":
-            trace = import_agent_log(
-                args.log,
-                seed=args.seed,
-                prompt_tokens=args.prompt_tokens,
-                prefix_overlap=args.prefix_overlap,
-                max_new_tokens=args.max_new_tokens,
-            )
-            if args.window is not None:
-                trace = window(trace, args.window)
-            dump_trace(trace, args.out)
-        else:
-            trace = load_trace(args.path)
-        _print_stats(trace)
-    except (TraceFormatError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
 if __name__ == "__main__":
-    # run the imported module's main, so that its types are the ones `trace_sources` builds
-    from retire_bench.traces import main as _main
+    # `python -m retire_bench.traces`: the CLI lives in `trace_cli`
+    from retire_bench.trace_cli import main
 
-    raise SystemExit(_main())
+    raise SystemExit(main())

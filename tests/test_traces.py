@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from retire_bench.trace_cli import main
 from retire_bench.trace_sources import (
     BurstyParams,
     SessionParams,
@@ -53,7 +54,6 @@ from retire_bench.traces import (
     final_versions,
     load_trace,
     loads_trace,
-    main,
     materialize,
     materialize_context,
     stats,
