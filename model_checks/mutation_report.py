@@ -199,6 +199,45 @@ def collect(
     }
 
 
+def keep_previous(report: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with the verdicts of ``previous`` (an earlier report) for every module this
+    run did not check at all (a run restricted to some modules, ``make mutation MODULES=...``);
+    those modules are listed under ``modules_from_previous`` with the earlier run's tool, and
+    the totals and score are recomputed over both."""
+    taken = [
+        m
+        for m in report["modules_not_run"]
+        if previous.get("modules", {}).get(m, {}).get("checked", 0) > 0
+    ]
+    out = dict(report)
+    if not taken:
+        return out
+
+    def of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rows if r["mutant"].split(".")[1] in taken]
+
+    modules = dict(report["modules"])
+    for m in taken:
+        modules[m] = previous["modules"][m]
+    for key in ("survivors", "no_tests", "equivalents", "killed_on_recheck"):
+        out[key] = report[key] + of(previous.get(key, []))
+    killed = sum(c.get("killed", 0) for c in modules.values())
+    survived = len(out["survivors"]) + len(out["no_tests"])
+    out.update(
+        killed=killed,
+        survived=survived,
+        equivalent=len(out["equivalents"]),
+        score=round(killed / (killed + survived), 4) if killed + survived else None,
+        modules=modules,
+        modules_complete=[m for m in MODULES if m in report["modules_complete"] or m in taken],
+        modules_not_run=[m for m in report["modules_not_run"] if m not in taken],
+        modules_from_previous=taken,
+        previous_tool=previous.get("tool"),
+        test_seconds=round(report["test_seconds"] + previous.get("test_seconds", 0.0), 1),
+    )
+    return out
+
+
 def _codes(root: Path, module: str) -> dict[str, int | None]:
     meta = root / "retire_core" / f"{module}.py.meta"
     if not meta.exists():
@@ -230,18 +269,28 @@ def main(argv: list[str] | None = None) -> int:
         help="judge the survivors again with these test files (added after the run started)",
     )
     p.add_argument("--jobs", type=int, default=2, help="rechecks run at once")
+    p.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="REPORT",
+        help="an earlier report whose verdicts stand for the modules this run did not check",
+    )
     args = p.parse_args(argv)
     if not args.mutants.is_dir():
         print(f"no {args.mutants}/: run mutmut first (make mutation)", file=sys.stderr)
         return 2
     report = collect(args.mutants, args.recheck, args.jobs)
+    if args.keep is not None:
+        report = keep_previous(report, json.loads(args.keep.read_text(encoding="utf-8")))
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(
         f"mutation: {report['killed']} killed, {report['survived']} survived, "
         f"{report['equivalent']} equivalent, score {report['score']} "
         f"(complete: {', '.join(report['modules_complete']) or '-'}; partial: "
         f"{', '.join(report['modules_partial']) or '-'}; not run: "
-        f"{', '.join(report['modules_not_run']) or '-'}) -> {args.out}"
+        f"{', '.join(report['modules_not_run']) or '-'}; from the earlier report: "
+        f"{', '.join(report.get('modules_from_previous', [])) or '-'}) -> {args.out}"
     )
     for s in report["survivors"] + report["no_tests"]:
         print(f"  survived: {s['mutant']}")

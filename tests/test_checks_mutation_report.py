@@ -57,3 +57,26 @@ def test_every_listed_equivalent_mutant_has_a_reason() -> None:
     for name, reason in mr.EQUIVALENT.items():
         assert name.startswith("retire_core.") and "__mutmut_" in name
         assert len(reason) > 40, name
+
+
+def test_a_run_over_some_modules_keeps_the_earlier_verdicts_of_the_others(
+    tmp_path: Path,
+) -> None:
+    _meta(tmp_path / "old", "gates", {"retire_core.gates.x_g__mutmut_1": 1})
+    _meta(tmp_path / "old", "table", {"retire_core.table.x_t__mutmut_1": 0})
+    previous = mr.collect(tmp_path / "old")
+    # this run checked txn only; gates and table were generated but not run
+    _meta(tmp_path / "new", "txn", {"retire_core.txn.x_a__mutmut_1": 1})
+    _meta(tmp_path / "new", "gates", {"retire_core.gates.x_g__mutmut_1": None})
+    report = mr.keep_previous(mr.collect(tmp_path / "new"), previous)
+    assert report["modules_from_previous"] == ["gates", "table"]
+    assert (report["killed"], report["survived"]) == (
+        2,
+        1,
+    )  # txn's kill, gates' kill, table's survivor
+    assert report["score"] == round(2 / 3, 4)
+    assert [s["mutant"] for s in report["survivors"]] == ["retire_core.table.x_t__mutmut_1"]
+    assert report["modules_complete"] == ["gates", "table", "txn"]
+    assert "machine" in report["modules_not_run"] and "txn" not in report["modules_not_run"]
+    # a module this run checked is never overwritten by the earlier report
+    assert mr.keep_previous(report, {"modules": {"txn": {"checked": 5, "killed": 0}}}) == report
