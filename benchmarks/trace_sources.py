@@ -73,6 +73,14 @@ def _check_overlap(prefix_overlap: float) -> None:
 # Generator
 
 
+def _header_params(generator: str, params: Any) -> dict[str, Scalar]:
+    """A generator's parameters as the trace header's `generator` object."""
+    out: dict[str, Scalar] = {"generator": generator}
+    for key, value in attrs.asdict(params).items():
+        out[key] = value.value if isinstance(value, ReusePolicy) else value
+    return out
+
+
 @attrs.frozen
 class BurstyParams:
     """Parameters of `generate_bursty`: defaults fit the CPU tiny model; see `paper_params()`."""
@@ -90,10 +98,7 @@ class BurstyParams:
     reuse: ReusePolicy = attrs.field(default=ReusePolicy.AUTO, converter=ReusePolicy)
 
     def to_params(self) -> dict[str, Scalar]:
-        out: dict[str, Scalar] = {"generator": "bursty"}
-        for key, value in attrs.asdict(self).items():
-            out[key] = value.value if isinstance(value, ReusePolicy) else value
-        return out
+        return _header_params("bursty", self)
 
 
 def paper_params() -> BurstyParams:
@@ -252,10 +257,7 @@ class SessionParams:
     reuse: ReusePolicy = attrs.field(default=ReusePolicy.AUTO, converter=ReusePolicy)
 
     def to_params(self) -> dict[str, Scalar]:
-        out: dict[str, Scalar] = {"generator": "sessions"}
-        for key, value in attrs.asdict(self).items():
-            out[key] = value.value if isinstance(value, ReusePolicy) else value
-        return out
+        return _header_params("sessions", self)
 
 
 def generate_sessions(seed: int = DEFAULT_SEED, params: SessionParams | None = None) -> Trace:
