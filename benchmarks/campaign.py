@@ -68,7 +68,7 @@ class Fault:
     # a fault of ``retire serve``'s processes: its trial gets a server and a way to start
     # another (``campaign_serving``), not an in-process facade
     serving: bool = False
-    # a fault whose trial starts its own engine processes (``campaign_tp``): (rng, out)
+    # a fault whose trial starts its own engine processes (``campaign_tp``): (rng, out, trial)
     isolated: bool = False
 
 
@@ -462,7 +462,7 @@ def _isolated_trial(fault: Fault, seed: int, trial: int) -> Outcome:
     out = Outcome()
     rng = random.Random(f"{seed}:{fault.name}:{trial}")
     try:
-        fault.trial(rng, out)
+        fault.trial(rng, out, trial)
     except Exception as err:
         out.error = f"{type(err).__name__}: {err}"
     if out.error:

@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,7 +86,6 @@ def _phase(name: str, tmp: Path, *args: object) -> tuple[dict[str, Any] | None, 
         VLLM_RPC_BASE_PATH=str(tmp),
         TMPDIR=str(tmp),
     )
-    env.pop("RETIRE_CORE_LOG_DIR", None)  # each phase names its own core log
     argv = [sys.executable, "-m", "retire_bench.campaign_tp", name, *map(str, args)]
     proc = subprocess.Popen(
         argv,
@@ -123,12 +123,26 @@ def _fail_closed(state: dict[str, Any] | None) -> bool:
     )
 
 
-def tp_worker_killed(rng: random.Random, out: Outcome) -> None:
-    """One trial: the killed phase, the core log check, then (if it failed closed) the repair."""
+def tp_worker_killed(rng: random.Random, out: Outcome, trial: int) -> None:
+    """One trial: the killed phase, the core log check, then (if it failed closed) the repair.
+    Trial ``i`` runs the ``i % 4``-th (moment, timing) pair, on prompts of its own. The core
+    logs go to ``$RETIRE_CORE_LOG_DIR`` (``--core-logs``) when it is set."""
+    from retire_vllm.corelog import LOG_DIR_ENV
+
+    tmp = Path(tempfile.mkdtemp(prefix="retire-tp-killed-"))  # the phases' sockets
+    logs = Path(os.environ[LOG_DIR_ENV]) if os.environ.get(LOG_DIR_ENV) else None
+    try:
+        _tp_worker_killed(rng, out, trial, tmp, logs or tmp)
+    finally:
+        if logs is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tp_worker_killed(rng: random.Random, out: Outcome, trial: int, tmp: Path, logs: Path) -> None:
     seed = rng.randrange(1 << 30)
-    moment, timing = rng.choice(MOMENTS), rng.choice(TIMINGS)
-    tmp = Path(tempfile.mkdtemp(prefix="retire-tp-killed-"))
-    log = tmp / "killed-core.jsonl"
+    pairs = [(m, t) for m in MOMENTS for t in TIMINGS]
+    moment, timing = pairs[trial % len(pairs)]
+    log = logs / f"tp-killed-{seed}-killed.jsonl"
     bug = ["--bug", SEEDED_BUG] if SEEDED_BUG else []
     t0 = time.monotonic()
     k, tail = _phase(
@@ -172,7 +186,9 @@ def tp_worker_killed(rng: random.Random, out: Outcome) -> None:
         out.details["repair"] = "skipped: the killed phase did not fail closed"
         return
     t1 = time.monotonic()
-    r, tail = _phase("repair", tmp, "--seed", seed, "--log", tmp / "repair-core.jsonl")
+    r, tail = _phase(
+        "repair", tmp, "--seed", seed, "--log", logs / f"tp-killed-{seed}-repair.jsonl"
+    )
     out.details["seconds"]["repair_phase"] = round(time.monotonic() - t1, 1)
     if r is None:
         out.error = f"the repair phase gave no result: {tail[-1500:]}"
