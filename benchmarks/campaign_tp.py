@@ -244,7 +244,7 @@ def _receipt_for_dead_rank() -> None:
         except EngineDeadError:
             return [{"rank": int(r.rsplit("rank", 1)[1]), "digests": {}} for r in ranks]
 
-    observe.rank_receipts = assumed  # type: ignore[assignment]
+    observe.rank_receipts = assumed
 
 
 def _kill_phase(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,12 +275,16 @@ def _kill_phase(args: argparse.Namespace) -> dict[str, Any]:
         facade, RANK, answering=args.moment == "answering", on_death=_state
     )
     error, error_type, states = None, None, {}
+
+    def revise(f: Any) -> None:
+        f.supersede(SCOPE, revision, max_tokens=V1_TOKENS)
+
     try:
         if args.timing == "during_step":
-            facade.during_next_step(lambda f: f.supersede(SCOPE, revision, max_tokens=V1_TOKENS))
+            facade.during_next_step(revise)
             facade.step()  # the fence waits for the step boundary, then meets the dead rank
         else:
-            facade.supersede(SCOPE, revision, max_tokens=V1_TOKENS)
+            revise(facade)
         for _ in range(200):  # the run goes on until the death surfaces (or nothing is left)
             if not facade.has_unfinished():
                 break

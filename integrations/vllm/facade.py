@@ -43,6 +43,10 @@ them; ``Admit`` adds the version's request under the physical ``cache_salt`` of 
 (or a fresh one when cold) and checks, before it can be scheduled, that its prefix hit is exactly
 the adopted block ids; ``Free`` evicts the block's hash and drops the facade's retention reference
 (taken at allocation, so that every page the core tracks is really kept by vLLM).
+
+A worker process that dies (or stops answering one of Retire's calls, ``observe.collective``)
+surfaces as :class:`EngineDeadError` from the call that met it; the rest of the commands in hand
+are not carried out, and every later ``step`` and ``close`` raises it without touching the engine.
 """
 
 from __future__ import annotations

@@ -184,5 +184,5 @@ def _die_at_fence_receipt(worker: Any, rank: int) -> bool:
         raise AssertionError("unreachable")
 
     # ``collective_rpc`` pickles module-level functions by name: this rank now finds ``die``
-    observe.worker_fence_receipt = die  # type: ignore[assignment]
+    observe.worker_fence_receipt = die
     return True
