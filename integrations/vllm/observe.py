@@ -25,10 +25,10 @@ from retire_core import Event, PageAllocated, WriteAttempted
 from . import introspect as ix
 from .errors import EngineDeadError, IntegrationError
 
-#: The longest Retire waits for the workers' answer to one of its calls (digests, receipts): the
-#: bound vLLM puts on a model step by default (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``), since a
-#: receipt is answered after any step in flight.
-RPC_TIMEOUT_S = 300.0
+#: The longest Retire waits for the workers' answer to one of its calls (digests, receipts):
+#: twice the bound vLLM puts on a model step by default (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``,
+#: 300 s), since a receipt is answered after any step in flight.
+RPC_TIMEOUT_S = 600.0
 
 
 class Managed(Protocol):
@@ -183,7 +183,7 @@ def engine_death(executor: Any, err: BaseException | None = None) -> EngineDeadE
     """The engine's death as an :class:`EngineDeadError` (naming the worker processes that have
     exited) if a worker died or ``err`` is a timeout waiting for the workers; else None."""
     if isinstance(err, TimeoutError):
-        return EngineDeadError(f"no answer from the workers within {RPC_TIMEOUT_S:.0f} s ({err})")
+        return EngineDeadError(f"the workers did not answer in time ({err})")
     if not engine_failed(executor):
         return None
     exited = [
