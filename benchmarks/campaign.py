@@ -12,10 +12,12 @@ closed without leaks, its core log validated against the spec, and the checker a
 successor: its output equals the clean cold reference, the adopted pages are exactly the verified
 prefix, receipts and publication are in order) and *wrong output* (tokens or adopted KV state
 differing from the clean run, obsolete tokens reaching the consumer, or a refused event that
-changed the core's state: must be 0). Faults that need a process to die (a
-TP worker mid-fence, the engine core with live versions) or that the in-process engine cannot
-produce are listed as not yet covered, with the reason. The command exits 1 unless every fault
-was injected, detected and repaired in every trial with no wrong output.
+changed the core's state: must be 0). Faults that need a process to die run against their own
+processes: ``engine_core_killed`` against ``retire serve`` (``campaign_serving``),
+``tp_worker_killed`` -- a tensor-parallel worker process SIGKILLed mid-fence -- against a TP=2
+engine in a process of its own per phase (``campaign_tp``). A fault the engine cannot produce is
+listed as not covered, with the reason. The command exits 1 unless every fault was injected,
+detected and repaired in every trial with no wrong output.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from retire_bench import campaign_serving
+from retire_bench import campaign_serving, campaign_tp
 from retire_checks.cli import command
 from retire_core import ReleaseReason
 
@@ -62,10 +64,12 @@ class Fault:
     name: str
     injection: str  # where and when the fault is injected
     must: str  # what Retire must do
-    trial: Callable[..., Any]  # a ``Trial``, or for a serving fault (victim, start, rng, out)
+    trial: Callable[..., Any]  # a ``Trial``; a serving fault: (victim, start, rng, out)
     # a fault of ``retire serve``'s processes: its trial gets a server and a way to start
     # another (``campaign_serving``), not an in-process facade
     serving: bool = False
+    # a fault whose trial starts its own engine processes (``campaign_tp``): (rng, out, trial)
+    isolated: bool = False
 
 
 # --- shared pieces -------------------------------------------------------------------------------
@@ -406,6 +410,16 @@ FAULTS: dict[str, Fault] = {
             serving=True,
         ),
         Fault(
+            "tp_worker_killed",
+            "TP=2: the rank-1 worker process SIGKILLed mid-fence (v0 fenced, its request aborted "
+            "and writers closed), just before or on receiving the fence's receipt request",
+            "fail closed: a typed EngineDeadError, no hang; v0 stays undrained with every page "
+            "kept, nothing adopted; no v0 token published; its core log validates; a new engine "
+            "serves the revision cold, output as the clean run, nothing left",
+            campaign_tp.tp_worker_killed,
+            isolated=True,
+        ),
+        Fault(
             "reordered_frames",
             "v0 frames arriving after v1's frames were published",
             "Drop them; v1's output unaffected",
@@ -416,7 +430,6 @@ FAULTS: dict[str, Fault] = {
 
 #: Faults of issue 18 item 3 that this campaign does not inject yet, and why.
 NOT_YET: dict[str, str] = {
-    "tp_worker_killed": "needs a TP worker process killed mid-fence (not yet)",
     "duplicate_current_frame": "in-process and over one ZMQ socket vLLM emits each output once; "
     "the core decides frames by version, not id, so it is the transport's to deliver once",
 }
@@ -440,6 +453,18 @@ def _trial(engine: Any, checker: Any, fault: Fault, seed: int, trial: int) -> Ou
             facade.close()  # leak check; validates the core log if one is kept
         except Exception as err:
             out.error = (out.error + "; " if out.error else "") + f"{type(err).__name__}: {err}"
+    if out.error:
+        out.repaired = False
+    return out
+
+
+def _isolated_trial(fault: Fault, seed: int, trial: int) -> Outcome:
+    out = Outcome()
+    rng = random.Random(f"{seed}:{fault.name}:{trial}")
+    try:
+        fault.trial(rng, out, trial)
+    except Exception as err:
+        out.error = f"{type(err).__name__}: {err}"
     if out.error:
         out.repaired = False
     return out
@@ -494,10 +519,11 @@ def run(
     from retire_vllm.scheduler import RetireScheduler
 
     built = []
-    if engine is None:
+    in_process = any(not (FAULTS[n].serving or FAULTS[n].isolated) for n in names)
+    if engine is None and in_process:
         engine = build_engine(num_blocks=NUM_BLOCKS, scheduler_cls=RetireScheduler)
         built.append(engine)
-    if checker is None:
+    if checker is None and in_process:
         reference = build_engine(num_blocks=64)
         built.append(reference)
         checker = Checker(reference)
@@ -512,6 +538,8 @@ def run(
             for trial in range(trials):
                 if fault.serving:
                     out = servers.trial(fault, seed, trial)
+                elif fault.isolated:
+                    out = _isolated_trial(fault, seed, trial)
                 else:
                     out = _trial(engine, checker, fault, seed, trial)
                 totals["injected"] += out.injected

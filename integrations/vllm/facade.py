@@ -43,6 +43,10 @@ them; ``Admit`` adds the version's request under the physical ``cache_salt`` of 
 (or a fresh one when cold) and checks, before it can be scheduled, that its prefix hit is exactly
 the adopted block ids; ``Free`` evicts the block's hash and drops the facade's retention reference
 (taken at allocation, so that every page the core tracks is really kept by vLLM).
+
+A worker process that dies (or stops answering one of Retire's calls, ``observe.collective``)
+surfaces as :class:`EngineDeadError` from the call that met it; the rest of the commands in hand
+are not carried out, and every later ``step`` and ``close`` raises it without touching the engine.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ from . import introspect as ix
 from .api import Delivery
 from .corelog import CoreLog, NullLogger, TraceRejected, log_path_for
 from .engine_config import BLOCK_SIZE, ENGINE_NUMERICAL_MODE, build_engine
-from .errors import IntegrationError, IsolationError, LeakError
+from .errors import EngineDeadError, IntegrationError, IsolationError, LeakError
 from .facade_commands import FacadeCommands
 from .facade_records import (
     Chunk,
@@ -186,6 +190,9 @@ class RetireEngine:
         self._step_writes: list[tuple[str, int, int]] = []  # (rid, block id, position)
         self._closed = False
         self._steps = 0
+        # The engine's death (a worker process died, or stopped answering), once seen: every
+        # later ``step`` and ``close`` raises it instead of touching the engine.
+        self.dead: EngineDeadError | None = None
 
         # Every retention, pin and handoff reference on a vLLM block, with its generation stamp.
         self.commands = FacadeCommands(self)  # carries out every command the core returns
@@ -258,12 +265,26 @@ class RetireEngine:
         """Byte-check pending certificates and admit, run one engine step, then report what it
         did (closed writers, outputs, finished requests) and carry out fences deferred to this
         step boundary."""
+        if self.dead is not None or observe.engine_failed(self.executor):
+            raise self._died()
+        try:
+            self._step()
+        except EngineDeadError as err:
+            self.dead = err
+            raise
+
+    def _step(self) -> None:
         commands = self.commands
         if commands.pending_reports:
             commands.send_reports(self._held)
         commands.in_step = True
         try:
             outputs = self.engine.step()
+        except (RuntimeError, TimeoutError) as err:
+            dead = observe.engine_death(self.executor, err)
+            if dead is None:
+                raise
+            raise dead from err
         finally:
             commands.in_step = False
         self._steps += 1
@@ -336,9 +357,18 @@ class RetireEngine:
 
     def close(self) -> None:
         """Cancel every scope, drain the engine, and check that every block, pin and page the
-        facade took is back: the engine's free block count equals its value at attach time."""
+        facade took is back: the engine's free block count equals its value at attach time.
+        On an engine that died (``EngineDeadError``) nothing is drained or checked: the facade
+        detaches, validates its core log and raises the death."""
         if self._closed:
             return
+        if self.dead is not None or observe.engine_failed(self.executor):
+            self._closed = True
+            self.scheduler.retire_hooks = None
+            self.ledger.close()
+            if self.core_log is not None:
+                self.core_log.finish()  # what the core did up to the death is a behaviour
+            raise self._died()
         try:
             for scope in list(self.records):
                 if self.retire.scope(scope).state is not ScopeState.CANCELLED:
@@ -370,6 +400,13 @@ class RetireEngine:
         finally:
             if self._owns_engine:
                 self.engine.engine_core.shutdown()
+
+    def _died(self) -> EngineDeadError:
+        """The engine's death, recorded the first time it is seen; a new error each time it is
+        raised again (fail closed: nothing more runs on a dead engine)."""
+        if self.dead is None:
+            self.dead = observe.engine_death(self.executor) or EngineDeadError("engine died")
+        return EngineDeadError(str(self.dead))
 
     # ---- extras used by tests, the checker and benchmarks -----------------------------------
 

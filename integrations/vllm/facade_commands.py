@@ -39,7 +39,7 @@ from retire_core import (
 )
 
 from . import observe
-from .errors import IntegrationError, IsolationError
+from .errors import EngineDeadError, IntegrationError, IsolationError
 from .facade_records import FacadeRequest
 from .serving.ledger import VERIFICATION_FAILURES
 
@@ -75,6 +75,10 @@ class FacadeCommands:
                 if handler is None:  # pragma: no cover - the Command union is closed
                     raise TypeError(f"unknown command {cmd!r}")
                 handler(self, cmd)
+        except EngineDeadError as err:
+            # The rest of the queue is never carried out: nothing more runs on a dead engine.
+            self.facade.dead = err
+            raise
         finally:
             self._draining = False
             queue.clear()

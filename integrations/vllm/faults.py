@@ -17,11 +17,20 @@
 * :func:`shared_cold_salt` makes every version that inherits nothing run under one physical
   ``cache_salt``, whatever its tenant and scope (a salt derived without them): vLLM's prefix
   cache may then offer one scope's blocks to another (the isolation campaign's mutant).
+* :func:`kill_rank_in_fence` SIGKILLs one tensor-parallel worker process in the middle of a
+  fence: the core has issued ``Fence`` and the facade has aborted the request and closed its
+  writers, and the rank dies just before the fence's receipt request reaches it, or on receiving
+  it (before answering). The facade must surface the death as ``EngineDeadError`` and the core
+  must free, reclaim and hand over nothing that waited for that rank's receipt.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -29,6 +38,7 @@ import attrs
 from retire_core import Receipt
 
 from . import introspect as ix
+from . import observe
 
 if TYPE_CHECKING:
     from .facade import RetireEngine
@@ -90,3 +100,97 @@ def lose_receipt(facade: RetireEngine, participant: str) -> LostReceipt:
 def shared_cold_salt(facade: RetireEngine, salt: str = "retire:shared") -> None:
     """From now on every cold version of every scope runs under ``salt``."""
     facade.commands.cold_salt = lambda scope: salt  # type: ignore[method-assign]
+
+
+#: vLLM's title of a tensor-parallel worker process (``/proc/<pid>/cmdline``; ``comm`` keeps only
+#: 15 characters, the same for every rank).
+WORKER_TITLE = "VLLM::Worker_TP{rank}"
+
+
+def rank_pid(facade: RetireEngine, rank: int) -> int:
+    """The pid of ``rank``'s worker process: vLLM's handle for it, checked to be a child of this
+    (the engine's) process titled ``VLLM::Worker_TP<rank>``."""
+    handles = [w for w in getattr(facade.executor, "workers", None) or () if w.rank == rank]
+    if len(handles) != 1:
+        raise ValueError(f"the engine has no worker process of rank {rank}")
+    pid = int(handles[0].proc.pid)
+    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    if title != WORKER_TITLE.format(rank=rank) or ppid != os.getpid():
+        raise RuntimeError(f"pid {pid} is {title!r} below pid {ppid}, not rank {rank}'s worker")
+    return pid
+
+
+@attrs.define
+class RankKill:
+    """What :func:`kill_rank_in_fence` did, once the fence's receipt request went out."""
+
+    rank: int
+    pid: int
+    answering: bool  # the rank died on receiving the request, not before it was sent
+    sent_at: float | None = None  # (monotonic) the receipt request went out, the rank dying
+    failed_at: float | None = None  # the request failed (the facade learnt of the death)
+    answered: bool = False  # the request was answered after all: the kill did not take
+    at_death: Any = None  # what ``on_death`` returned when the request failed
+
+
+def kill_rank_in_fence(
+    facade: RetireEngine,
+    rank: int = 1,
+    *,
+    answering: bool = False,
+    on_death: Callable[[RetireEngine], Any] | None = None,
+) -> RankKill:
+    """Kill ``rank``'s worker process (SIGKILL) at the facade's next fence receipt request
+    (``observe.worker_fence_receipt``): just before it is sent, or (``answering``) when the rank
+    receives it. ``on_death(facade)`` runs the moment the request fails, before the failure
+    travels back through the facade; its answer is kept in ``at_death``."""
+    executor = facade.executor
+    kill = RankKill(rank, rank_pid(facade, rank), answering)
+    real: Callable[..., Any] = executor.collective_rpc
+
+    def rpc(method: Any, *args: Any, **kwargs: Any) -> Any:
+        if method is not observe.worker_fence_receipt or kill.sent_at is not None:
+            return real(method, *args, **kwargs)
+        if answering:
+            real(_die_at_fence_receipt, args=(rank,))
+        else:
+            os.kill(kill.pid, signal.SIGKILL)
+        kill.sent_at = time.monotonic()
+        try:
+            answers = real(method, *args, **kwargs)
+        except BaseException:
+            kill.failed_at = time.monotonic()
+            if on_death is not None:
+                kill.at_death = on_death(facade)
+            raise
+        kill.answered = True
+        return answers
+
+    executor.collective_rpc = rpc
+    return kill
+
+
+def worker_exitcode(facade: RetireEngine, rank: int, wait_s: float = 30.0) -> int | None:
+    """``rank``'s worker process exit code (negative: the signal), once it has exited."""
+    for w in getattr(facade.executor, "workers", None) or ():
+        if w.rank == rank:
+            w.proc.join(wait_s)
+            code: int | None = w.proc.exitcode
+            return code
+    return None
+
+
+def _die_at_fence_receipt(worker: Any, rank: int) -> bool:
+    """Runs on every rank (``collective_rpc``): on ``rank``, the next fence receipt request kills
+    the worker process instead of being answered."""
+    if int(getattr(worker, "rank", 0)) != rank:
+        return False
+
+    def die(worker: Any, block_ids: Sequence[int]) -> dict[str, Any]:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+    # ``collective_rpc`` pickles module-level functions by name: this rank now finds ``die``
+    observe.worker_fence_receipt = die
+    return True

@@ -64,6 +64,7 @@ _POOL = "vllm.v1.core.block_pool"
 _UTIL = "vllm.v1.core.kv_cache_utils"
 _OUT = "vllm.v1.engine.output_processor"
 _ASYNC = "vllm.v1.engine.async_llm"
+_MP = "vllm.v1.executor.multiproc_executor"
 
 HOOKS: Final[tuple[Hook, ...]] = (
     # --- version and engine construction (engine_config.py) ---------------------------------
@@ -262,6 +263,13 @@ HOOKS: Final[tuple[Hook, ...]] = (
         ("method", "timeout", "args", "kwargs", "non_block", "unique_reply_rank"),
         "(g)",
     ),
+    # a worker process that dies: vLLM's monitor thread marks the executor failed and shuts it
+    # down, waking the reader (observe.collective -> EngineDeadError); the fault's kill target
+    Hook(_MP, "MultiprocExecutor.is_failed", _I, use="a worker died (EngineDeadError)"),
+    Hook(_MP, "MultiprocExecutor.start_worker_monitor", _C, ("inline",), "worker death"),
+    Hook(_MP, "MultiprocExecutor.workers", _I, use="worker processes by rank (exit codes)"),
+    Hook(_MP, "WorkerProcHandle.proc", _F, use="the rank's process (faults.rank_pid)"),
+    Hook(_MP, "WorkerProcHandle.rank", _F, use="the rank's process (faults.rank_pid)"),
     Hook("vllm.v1.worker.worker_base", "WorkerWrapperBase.worker", _I, use="(b)"),
     Hook("vllm.v1.worker.worker_base", "WorkerBase.rank", _I, use="(g) receipt"),
     Hook("vllm.v1.worker.cpu_worker", "CPUWorker.model_runner", _I, use="(b)"),

@@ -6,6 +6,12 @@ checks of an admitted version (``restrict_prefix_hit`` before it can be schedule
 ``check_prefix_hit`` at its first schedule), the KV digests of blocks on every rank
 (``read_digests``) and the rank receipts of a closing request (``rank_receipts``). Each reads vLLM
 and builds events or raises ``IntegrationError``; none calls the core or decides protocol.
+
+Every call to the workers (``collective``) is bounded: vLLM's ``MultiprocExecutor`` waits for a
+rank's answer without a deadline unless given one. A rank that died surfaces at once -- vLLM's
+worker monitor (a thread waiting on the worker processes' sentinels) sets ``is_failed``, shuts
+the executor down and wakes the waiting reader, which raises ``RuntimeError`` -- and a rank that
+stops answering surfaces after ``RPC_TIMEOUT_S``; both as :class:`EngineDeadError`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,12 @@ from typing import Any, Protocol
 from retire_core import Event, PageAllocated, WriteAttempted
 
 from . import introspect as ix
-from .errors import IntegrationError
+from .errors import EngineDeadError, IntegrationError
+
+#: The longest Retire waits for the workers' answer to one of its calls (digests, receipts):
+#: twice the bound vLLM puts on a model step by default (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``,
+#: 300 s), since a receipt is answered after any step in flight.
+RPC_TIMEOUT_S = 600.0
 
 
 class Managed(Protocol):
@@ -127,7 +138,7 @@ def read_digests(executor: Any, pages: Sequence[int]) -> dict[int, str]:
     ids = sorted(set(pages))
     if not ids:
         return {}
-    per_rank = executor.collective_rpc(ix.worker_block_digests, args=(ids,))
+    per_rank = collective(executor, ix.worker_block_digests, (ids,))
     if len(per_rank) == 1:
         return {p: _lookup(per_rank[0], p) for p in ids}
     return {
@@ -141,14 +152,49 @@ def rank_receipts(
 ) -> list[dict[str, Any]]:
     """Each rank's receipt for a closing request (answered after any step in flight); raises if a
     rank named in ``ranks`` (``<rid>/rank<r>``) did not answer."""
-    answers: list[dict[str, Any]] = executor.collective_rpc(
-        worker_fence_receipt, args=(list(block_ids),)
-    )
+    answers: list[dict[str, Any]] = collective(executor, worker_fence_receipt, (list(block_ids),))
     answered = {f"{rid}/rank{int(a['rank'])}" for a in answers}
     missing = set(ranks) - answered
     if missing:
         raise IntegrationError(f"no receipt from {sorted(missing)}")
     return answers
+
+
+def collective(executor: Any, method: Any, args: tuple[Any, ...]) -> list[Any]:
+    """``executor.collective_rpc(method, args=args)``, bounded by ``RPC_TIMEOUT_S``; raises
+    :class:`EngineDeadError` if a worker died or no answer came in time."""
+    try:
+        answers: list[Any] = executor.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)
+    except (RuntimeError, TimeoutError) as err:
+        dead = engine_death(executor, err)
+        if dead is None:
+            raise  # a worker raised: its error, not a death
+        raise dead from err
+    return answers
+
+
+def engine_failed(executor: Any) -> bool:
+    """vLLM's worker monitor saw a worker process die (``MultiprocExecutor.is_failed``; an
+    in-process executor has no worker processes to lose)."""
+    return bool(getattr(executor, "is_failed", False))
+
+
+def engine_death(executor: Any, err: BaseException | None = None) -> EngineDeadError | None:
+    """The engine's death as an :class:`EngineDeadError` (naming the worker processes that have
+    exited) if a worker died or ``err`` is a timeout waiting for the workers; else None."""
+    if isinstance(err, TimeoutError):
+        return EngineDeadError(f"the workers did not answer in time ({err})")
+    if not engine_failed(executor):
+        return None
+    exited = [
+        f"rank {w.rank} (pid {w.proc.pid}, exit code {w.proc.exitcode})"
+        for w in getattr(executor, "workers", None) or ()
+        if w.proc.exitcode is not None
+    ]
+    return EngineDeadError(
+        "a worker process of the engine died; vLLM shut its executor down"
+        + (f" (exited: {', '.join(exited)})" if exited else "")
+    )
 
 
 def worker_fence_receipt(worker: Any, block_ids: Sequence[int]) -> dict[str, Any]:
