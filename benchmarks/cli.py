@@ -251,23 +251,32 @@ def _configure_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-handoff", action="store_true", help="skip the handoff grid")
     p.add_argument("--native-only", action="store_true", help="run only the native baselines")
     p.add_argument(
-        "--load",
-        action="store_true",
-        help="also run every native behaviour over HTTP and Retire over retire serve at the "
-        "operating point of docs/results.md section 7 (small model, time scale 0.5, one run "
-        "each; about 5 more minutes; server logs go to files)",
+        "--no-load",
+        dest="load",
+        action="store_false",
+        help="skip the evaluation at load: every native behaviour over HTTP and Retire over "
+        "retire serve on the small model at time scales 0.5 and 1, one run each (docs/results.md "
+        "section 7; about 5 minutes; server logs go to files)",
     )
     _common(p)
 
 
+#: The demo's offered loads: section 7's operating point and the trace as recorded.
+DEMO_TIME_SCALES = (0.5, 1.0)
+
+
 def _demo_load(out: Path, trace: Any, path: str) -> bool:
-    """``demo --load``: section 7's arms at its operating point (time scale 0.5), one run each."""
+    """The demo at load: section 7's arms at ``DEMO_TIME_SCALES``, one run each, its operating
+    point chosen among them by the section's rule."""
     from retire_bench import curve, plots
     from retire_vllm.default_model import ensure_default_model
 
-    print("[+] at load over HTTP: five arms, time scale 0.5 (two servers start)", file=sys.stderr)
+    print(
+        "[6/6] at load over HTTP: five arms at time scales 0.5 and 1 (two servers start)",
+        file=sys.stderr,
+    )
     config = curve.LoadConfig(
-        time_scales=(0.5,), reps=1, model_path=str(ensure_default_model(size="small"))
+        time_scales=DEMO_TIME_SCALES, reps=1, model_path=str(ensure_default_model(size="small"))
     )
     ldoc = curve.evaluate(trace, config, trace_path=path)
     (out / "load.json").write_text(json.dumps(ldoc, indent=2, default=str) + "\n")
@@ -290,7 +299,8 @@ def _demo(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     logs = _core_logs(args, out / "core-logs")
-    print(f"[1/5] {args.model_size or 'tiny'} default model", file=sys.stderr)
+    steps = 6 if args.load else 5
+    print(f"[1/{steps}] {args.model_size or 'tiny'} default model", file=sys.stderr)
     if _model(args) is None:
         from retire_vllm.default_model import ensure_default_model
 
@@ -303,7 +313,7 @@ def _demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         systems = _systems("native")
-    print("[2/5] replaying the built-in trace (interleaved runs)", file=sys.stderr)
+    print(f"[2/{steps}] replaying the built-in trace (interleaved runs)", file=sys.stderr)
     trace, path = R.load(None)
     doc, results = R.replay(
         trace,
@@ -312,13 +322,13 @@ def _demo(args: argparse.Namespace) -> int:
         trace_path=path,
         progress_factory=_bar_factory(not args.no_progress),
     )
-    print("[3/5] retire_core overhead", file=sys.stderr)
+    print(f"[3/{steps}] retire_core overhead", file=sys.stderr)
     from retire_bench import overhead
 
     doc["overhead"] = overhead.summary(doc, quick=True)
     handoff_doc = None
     if not args.skip_handoff:
-        print("[4/5] handoff under cache pressure", file=sys.stderr)
+        print(f"[4/{steps}] handoff under cache pressure", file=sys.stderr)
         from retire_bench import handoff
 
         hsys = [s for s in ("native", "retire") if s in systems]
@@ -327,7 +337,7 @@ def _demo(args: argparse.Namespace) -> int:
         )
         (out / "handoff.json").write_text(json.dumps(handoff_doc, indent=2) + "\n")
         doc["handoff"] = handoff.summary(handoff_doc)
-    print("[5/5] plots and JSON", file=sys.stderr)
+    print(f"[5/{steps}] plots and JSON", file=sys.stderr)
     from retire_bench import plots
 
     written = plots.replay_plots(results, out)
