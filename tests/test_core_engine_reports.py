@@ -1,0 +1,175 @@
+"""The core's answers to what the engine reports about pages and participants, and what it logs:
+a recycled or evicted page that is still referenced is refused (and nothing changes), reports
+about untracked pages name the event, a participant named with the wrong version or after it
+closed is refused with its own error, ``Forget`` waits for the scope's last page, the logged
+fields of ``reuse_id``, ``evict``, ``unpause`` and ``forget``, the table violation's names, and a
+batch bounding a hand-built over-long ledger between events as single steps do. Mutation testing
+(``make mutation`` over ``handlers``, ``machine`` and ``txn``) found these unchecked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import retire_core as rc
+from retire_core import machine
+from retire_core.state import CoreState, ScopeState
+
+
+def _transitions(core: rc.Retire) -> list[tuple[str, str, int, dict[str, Any]]]:
+    return [(t.action, t.scope, t.version, dict(t.changed)) for t in core.last_transitions]
+
+
+def _written(core: rc.Retire) -> rc.Retire:
+    """Scope ``s`` at version 0, participant ``a``: page 7 full and writer-closed, page 8
+    partial with its writer open; both still referenced by the running request."""
+    core.handle(rc.Submit("s", "t", "f", (1, 2, 3)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.PageAllocated("s", 0, "a", 7, 0))
+    core.handle(rc.WriteAttempted("s", 0, "a", 7, True))
+    core.handle(rc.WriterClosed(7, "d7"))
+    core.handle(rc.PageAllocated("s", 0, "a", 8, 1))
+    core.handle(rc.WriteAttempted("s", 0, "a", 8, False))
+    return core
+
+
+@pytest.mark.parametrize("event", [rc.PageReused(7), rc.PageEvicted(7)])
+def test_a_referenced_page_is_neither_recycled_nor_evicted(event: Any) -> None:
+    core = _written(rc.Retire())
+    before = core.state
+    assert before.pages[7].held and not before.pages[7].writer_open and before.pages[7].full
+    with pytest.raises(rc.PageInUseError, match="page 7"):
+        core.handle(event)
+    assert core.state is before
+
+
+def test_a_page_given_back_to_the_cache_is_recycled_and_evicted_with_its_owner_logged() -> None:
+    core = _written(rc.Retire())
+    core.handle(rc.WriterClosed(8, "d8"))
+    core.handle(rc.Receipt("s", 0, "a"))
+    assert core.handle(rc.VersionFinished("s", 0)) == [rc.Free((8,)), rc.ReleaseToCache((7,))]
+    assert not core.state.pages[7].held
+    assert core.handle(rc.PageReused(7)) == []
+    assert _transitions(core) == [("reuse_id", "s", 0, {"generation": 2})]
+    assert core.state.pages[7].generation == 2 and core.state.generations[7] == 2
+    assert core.handle(rc.PageEvicted(7)) == []
+    assert _transitions(core) == [("evict", "s", 0, {})]
+    assert 7 not in core.state.pages and core.state.generations[7] == 2
+
+
+@pytest.mark.parametrize("cls", [rc.PageReused, rc.PageEvicted])
+def test_reports_about_untracked_pages_name_the_event(cls: Any) -> None:
+    core = _written(rc.Retire())
+    core.handle(rc.WriterClosed(8, "d8"))
+    core.handle(rc.Receipt("s", 0, "a"))
+    core.handle(rc.VersionFinished("s", 0))  # page 8 (partial) is freed
+    with pytest.raises(rc.UnknownPageError) as never:
+        core.handle(cls(10))
+    assert f"{cls.__name__} for page 10, which was never allocated" in str(never.value)
+    with pytest.raises(rc.DoubleFreeError) as freed:
+        core.handle(cls(8))
+    assert str(freed.value) == f"{cls.__name__} for page 8, which was already freed"
+
+
+def test_forget_waits_for_the_last_page_of_the_scope() -> None:
+    core = _written(rc.Retire())
+    core.handle(rc.Cancel("s"))
+    core.handle(rc.Receipt("s", 0, "a"))  # page 8's writer is still open: it stays
+    assert list(core.state.pages) == [8]
+    before = core.state
+    with pytest.raises(rc.IllegalTransitionError) as err:
+        core.handle(rc.Forget("s"))
+    assert "still has 0 participants running and 1 pages" in str(err.value)
+    assert core.state is before
+    core.handle(rc.WriterClosed(8, "d8"))  # the last page goes
+    assert not core.state.pages
+    core.handle(rc.Forget("s"))
+    assert _transitions(core) == [("forget", "s", 0, {"state": None})]
+    assert "s" not in core.state.scopes
+
+
+def test_unpause_logs_the_state_it_moves_to() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    core.handle(rc.Pause("s"))
+    core.handle(rc.Unpause("s"))
+    assert _transitions(core) == [("unpause", "s", 0, {"state": ScopeState.ACTIVE})]
+
+
+def test_a_participant_named_with_another_version_is_unknown_and_changes_nothing() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1, 2)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.Supersede("s", (3, 4)))  # version 1, admitted cold; "a" is version 0's
+    before = core.state
+    for event in (rc.PageAllocated("s", 1, "a", 7, 0), rc.WriteAttempted("s", 1, "a", 7)):
+        with pytest.raises(rc.UnknownParticipantError) as err:
+            core.handle(event)
+        assert "'a' is not a participant of s@1" in str(err.value)
+        assert core.state is before
+
+
+def test_a_closed_participant_cannot_allocate_or_write() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1, 2)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.Receipt("s", 0, "a"))
+    before = core.state
+    for event in (rc.PageAllocated("s", 0, "a", 7, 0), rc.WriteAttempted("s", 0, "a", 7)):
+        with pytest.raises(rc.IllegalTransitionError) as err:
+            core.handle(event)
+        assert "participant 'a' of s@0 has already closed" in str(err.value)
+        assert core.state is before
+
+
+def test_a_table_violation_names_a_missing_scope_as_none_and_forgotten() -> None:
+    err = machine._violation(None, rc.Submit, None, (ScopeState.ACTIVE, None))
+    assert (err.state, err.event, err.after) == ("none", "Submit", "forgotten")
+    assert (
+        str(err)
+        == "Submit in state none left the scope forgotten; the table allows active | forgotten"
+    )
+
+
+def test_a_batch_bounds_a_hand_built_over_long_ledger_between_events_as_steps_do() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    core.handle(rc.Supersede("s", (2,)))
+    core.handle(rc.Supersede("s", (3,)))  # s is at version 2; versions 0 and 1 never ran
+    ledger = (("s", 0), ("o", 0), ("o", 1))  # s@0 is the oldest entry
+    state = CoreState(core.state.scopes, ledger=ledger, ledger_size=2)
+    events = [rc.Pause("s"), rc.FrameArrived("s", 0, 1, rc.FrameKind.TOKEN)]
+    one_by_one = rc.Retire(state=state)
+    singles = [c for e in events for c in one_by_one.handle(e)]
+    batched = rc.Retire(state=state)
+    assert batched.handle_batch(events) == singles
+    # the first event's step bounded the ledger: s@0 is older than it remembers
+    assert singles[-1] == rc.Drop(1, "s", 0, rc.FrameKind.TOKEN, "retired_expired")
+    assert batched.state.ledger == one_by_one.state.ledger == (("o", 0), ("o", 1))
+
+
+def _with_reasons(core: rc.Retire) -> list[tuple[str, int, dict[str, Any], str | None]]:
+    return [(t.action, t.version, dict(t.changed), t.reason) for t in core.last_transitions]
+
+
+def test_pause_finish_and_late_finishes_log_what_they_changed_and_why() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    core.handle(rc.Pause("s"))
+    assert _with_reasons(core) == [("pause", 0, {"state": ScopeState.PAUSED}, None)]
+    core.handle(rc.Unpause("s"))
+    core.handle(rc.VersionFinished("s", 0))
+    assert _with_reasons(core) == [("finish", 0, {"state": ScopeState.FINISHED}, None)]
+    core.handle(rc.VersionFinished("s", 0))  # repeated: late
+    assert _with_reasons(core) == [("late_finish", 0, {}, "version_finished")]
+    core.handle(rc.Submit("r", "t", "f", (1,)))
+    core.handle(rc.ParticipantStarted("r", 0, "a"))
+    core.handle(rc.Supersede("r", (2,)))
+    core.handle(rc.VersionFinished("r", 0))  # superseded, "a" still running
+    assert _with_reasons(core) == [("late_finish", 0, {}, "retired_draining")]
+    before = core.state
+    with pytest.raises(rc.FutureVersionError) as err:
+        core.handle(rc.VersionFinished("r", 3))
+    assert str(err.value) == "VersionFinished for r@3, but the current version is 1"
+    assert core.state is before
