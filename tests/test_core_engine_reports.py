@@ -173,3 +173,75 @@ def test_pause_finish_and_late_finishes_log_what_they_changed_and_why() -> None:
         core.handle(rc.VersionFinished("r", 3))
     assert str(err.value) == "VersionFinished for r@3, but the current version is 1"
     assert core.state is before
+
+
+def _aligning() -> rc.Retire:
+    """Scope ``s``: version 0 wrote and closed page 7 (key 1) and drained; version 1 (context
+    ``(1, 9)``) has page 7 certified and pinned and waits for its byte check (ALIGNING)."""
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1, 2)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.PageAllocated("s", 0, "a", 7, 0))
+    core.handle(rc.WriteAttempted("s", 0, "a", 7, True))
+    core.handle(rc.WriterClosed(7, "d7"))
+    core.handle(rc.Supersede("s", (1, 9)))
+    core.handle(rc.Receipt("s", 0, "a"))
+    assert core.scope("s").state is ScopeState.ALIGNING and core.state.pages[7].pinned
+    return core
+
+
+def test_a_cancel_while_aligning_unpins_as_cancelled_and_logs_what_it_changed() -> None:
+    core = _aligning()
+    assert core.handle(rc.Cancel("s")) == [
+        rc.Unpin((7,), rc.UnpinReason.CANCELLED),
+        rc.Free((7,)),
+    ]
+    assert _with_reasons(core)[0] == (
+        "cancel",
+        1,
+        {"state": ScopeState.CANCELLED, "admitted": False},
+        None,
+    )
+
+
+def test_late_frames_and_reports_of_a_cancelled_scope_say_so() -> None:
+    core = _aligning()
+    core.handle(rc.Cancel("s"))
+    # an older version's frame: the scope's cancellation is the reason, not the version's age
+    assert core.handle(rc.FrameArrived("s", 0, 5, rc.FrameKind.TOKEN)) == [
+        rc.Drop(5, "s", 0, rc.FrameKind.TOKEN, rc.DropReason.SCOPE_CANCELLED)
+    ]
+    assert core.handle(rc.AdoptionReport("s", 1, (rc.PageDigest(7, "d7"),))) == []
+    assert [(t.action, t.scope, t.version, t.reason) for t in core.last_transitions] == [
+        ("late_report", "s", 1, "scope_cancelled")
+    ]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        rc.Receipt("s", 4, "a"),
+        rc.FrameArrived("s", 4, 1, rc.FrameKind.TOKEN),
+        rc.AdoptionReport("s", 4, ()),
+        rc.VersionFinished("s", 4),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_report_about_a_future_version_names_the_event_scope_and_version(event: Any) -> None:
+    core = _aligning()
+    before = core.state
+    with pytest.raises(rc.FutureVersionError) as err:
+        core.handle(event)
+    assert str(err.value) == f"{type(event).__name__} for s@4, but the current version is 1"
+    assert core.state is before
+
+
+def test_a_receipt_is_logged_with_its_version_and_participant() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.Supersede("s", (2,)))
+    core.handle(rc.Receipt("s", 0, "a"))
+    receipt = core.last_transitions[0]
+    assert (receipt.action, receipt.scope, receipt.version) == ("receipt", "s", 0)
+    assert dict(receipt.changed) == {"closed": True} and dict(receipt.args) == {"participant": "a"}
