@@ -1,8 +1,8 @@
 """The core's answers to what the engine reports about pages and participants, and what it logs:
 a recycled or evicted page that is still referenced is refused (and nothing changes), reports
 about untracked pages name the event, a participant named with the wrong version or after it
-closed is refused with its own error, ``Forget`` waits for the scope's last page, the logged
-fields of ``reuse_id``, ``evict``, ``unpause`` and ``forget``, the table violation's names, and a
+closed is refused with its own error, ``Forget`` waits for the scope's last page, every logged
+field of every transition of one scope's life (``LOGGED``), the table violation's names, and a
 batch bounding a hand-built over-long ledger between events as single steps do. Mutation testing
 (``make mutation`` over ``handlers``, ``machine`` and ``txn``) found these unchecked."""
 
@@ -245,3 +245,147 @@ def test_a_receipt_is_logged_with_its_version_and_participant() -> None:
     receipt = core.last_transitions[0]
     assert (receipt.action, receipt.scope, receipt.version) == ("receipt", "s", 0)
     assert dict(receipt.changed) == {"closed": True} and dict(receipt.args) == {"participant": "a"}
+
+
+#: Every transition of one scope's life, with every logged field (``retire.transition`` lines:
+#: what trace validation and an operator read), event by event.
+A, L, P, F, C = (
+    ScopeState.ACTIVE,
+    ScopeState.ALIGNING,
+    ScopeState.PAUSED,
+    ScopeState.FINISHED,
+    ScopeState.CANCELLED,
+)
+TOKEN = rc.FrameKind.TOKEN
+LIFE = [
+    rc.Submit("s", "t", "f", (1, 2)),
+    rc.ParticipantStarted("s", 0, "a"),
+    rc.PageAllocated("s", 0, "a", 7, 0),
+    rc.WriteAttempted("s", 0, "a", 7, True),
+    rc.WriterClosed(7, "d7"),
+    rc.PageAllocated("s", 0, "a", 8, 1),
+    rc.WriteAttempted("s", 0, "a", 8, False),
+    rc.Supersede("s", (1, 9)),
+    rc.WriterClosed(8, "d8"),
+    rc.Receipt("s", 0, "a"),
+    rc.AdoptionReport("s", 1, (rc.PageDigest(7, "d7"),)),
+    rc.ParticipantStarted("s", 1, "b"),
+    rc.FrameArrived("s", 1, 1, TOKEN),
+    rc.FrameArrived("s", 0, 2, TOKEN),
+    rc.Pause("s"),
+    rc.Unpause("s"),
+    rc.Receipt("s", 1, "b"),
+    rc.VersionFinished("s", 1),
+    rc.PageReused(7),
+    rc.PageEvicted(7),
+    rc.Cancel("s"),
+    rc.Forget("s"),
+]
+LOGGED = [
+    (
+        "open",
+        "s",
+        0,
+        {"tenant": "t", "fingerprint": "f", "context": (1, 2), "reuse": True},
+        {"state": A, "admitted": True},
+        None,
+    ),
+    ("launch", "s", 0, {"participant": "a"}, {}, None),
+    (
+        "allocate",
+        "s",
+        0,
+        {"page": 7, "participant": "a", "position": 0, "inheritable": True},
+        {"generation": 1},
+        None,
+    ),
+    ("write", "s", 0, {"page": 7, "participant": "a", "completes": True}, {"full": True}, None),
+    (
+        "close_writer",
+        "s",
+        0,
+        {"page": 7, "full": True, "digest": "d7"},
+        {"writer_open": False},
+        None,
+    ),
+    (
+        "allocate",
+        "s",
+        0,
+        {"page": 8, "participant": "a", "position": 1, "inheritable": True},
+        {"generation": 1},
+        None,
+    ),
+    ("write", "s", 0, {"page": 8, "participant": "a", "completes": False}, {"full": False}, None),
+    (
+        "supersede",
+        "s",
+        1,
+        {"previous": 0, "context": (1, 9), "reuse": True},
+        {"epoch": 1, "state": L, "admitted": False},
+        None,
+    ),
+    ("fence", "s", 0, {"participants": ("a",)}, {}, None),
+    (
+        "certify",
+        "s",
+        1,
+        {"page": 7, "position": 0, "generation": 1, "digest": "d7"},
+        {"pinned": True},
+        None,
+    ),
+    (
+        "close_writer",
+        "s",
+        0,
+        {"page": 8, "full": False, "digest": "d8"},
+        {"writer_open": False},
+        None,
+    ),
+    ("receipt", "s", 0, {"participant": "a"}, {"closed": True}, None),
+    ("unhold", "s", 0, {"page": 7}, {"held": False}, None),
+    ("unhold", "s", 0, {"page": 8}, {"held": False}, None),
+    ("free", "s", 0, {"page": 8}, {}, None),
+    (
+        "adopt",
+        "s",
+        1,
+        {"page": 7, "position": 0, "digest": "d7"},
+        {"version": 1, "held": True, "pinned": False},
+        None,
+    ),
+    ("resume", "s", 1, {"adopted_blocks": 1, "cold": False}, {"state": A, "admitted": True}, None),
+    ("launch", "s", 1, {"participant": "b"}, {}, None),
+    ("publish", "s", 1, {"frame": 1, "kind": TOKEN}, {}, None),
+    ("drop", "s", 0, {"frame": 2, "kind": TOKEN}, {}, rc.DropReason.RETIRED_DRAINED),
+    ("pause", "s", 1, {}, {"state": P}, None),
+    ("unpause", "s", 1, {}, {"state": A}, None),
+    ("receipt", "s", 1, {"participant": "b"}, {"closed": True}, None),
+    ("finish", "s", 1, {}, {"state": F}, None),
+    ("unhold", "s", 1, {"page": 7}, {"held": False}, None),
+    ("reuse_id", "s", 1, {"page": 7}, {"generation": 2}, None),
+    ("evict", "s", 1, {"page": 7}, {}, None),
+    ("cancel", "s", 1, {}, {"state": C, "admitted": False}, None),
+    ("forget", "s", 1, {}, {"state": None}, None),
+]
+
+
+def test_every_field_of_every_transition_of_a_scopes_life_is_logged() -> None:
+    core = rc.Retire()
+    logged = []
+    for event in LIFE:
+        core.handle(event)
+        logged += [
+            (t.action, t.scope, t.version, dict(t.args), dict(t.changed), t.reason)
+            for t in core.last_transitions
+        ]
+    assert logged == LOGGED
+
+
+def test_a_writer_closed_for_an_unknown_page_names_the_event() -> None:
+    core = _written(rc.Retire())
+    before = core.state
+    with pytest.raises(rc.UnknownPageError) as err:
+        core.handle(rc.WriterClosed(99, "d"))
+    assert "WriterClosed for page 99, which was never allocated" in str(err.value)
+    assert core.state is before
