@@ -224,6 +224,9 @@ def test_late_frames_and_reports_of_a_cancelled_scope_say_so() -> None:
         rc.FrameArrived("s", 4, 1, rc.FrameKind.TOKEN),
         rc.AdoptionReport("s", 4, ()),
         rc.VersionFinished("s", 4),
+        rc.WriteAttempted("s", 4, "a", 7),
+        rc.PageAllocated("s", 4, "a", 7, 0),
+        rc.ParticipantStarted("s", 4, "z"),
     ],
     ids=lambda e: type(e).__name__,
 )
@@ -370,16 +373,61 @@ LOGGED = [
 ]
 
 
-def test_every_field_of_every_transition_of_a_scopes_life_is_logged() -> None:
+#: The commands each event of ``LIFE`` returns.
+COMMANDS: list[list[Any]] = [
+    [rc.Admit(scope="s", version=0, adopted_blocks=0, cold=True)],
+    [],
+    [],
+    [rc.AllowWrite(page=7, participant="a")],
+    [],
+    [],
+    [rc.AllowWrite(page=8, participant="a")],
+    [
+        rc.Fence(scope="s", version=0, participants=("a",)),
+        rc.PinCertified(
+            certificate=rc.Certificate(
+                scope="s",
+                version=1,
+                entries=(
+                    rc.CertEntry(
+                        page=7, position=0, generation=1, prefix=1, fingerprint="f", digest="d7"
+                    ),
+                ),
+            )
+        ),
+    ],
+    [],
+    [rc.Free(pages=(8,))],
+    [
+        rc.Adopt(scope="s", version=1, pages=(7,)),
+        rc.Admit(scope="s", version=1, adopted_blocks=1, cold=False),
+    ],
+    [],
+    [rc.Publish(frame=1, scope="s", version=1, kind=TOKEN)],
+    [rc.Drop(frame=2, scope="s", version=0, kind=TOKEN, reason=rc.DropReason.RETIRED_DRAINED)],
+    [],
+    [],
+    [],
+    [rc.ReleaseToCache(pages=(7,))],
+    [],
+    [],
+    [],
+    [],
+]
+
+
+def test_every_field_of_every_transition_and_command_of_a_scopes_life() -> None:
     core = rc.Retire()
     logged = []
+    commands = []
     for event in LIFE:
-        core.handle(event)
+        commands.append(core.handle(event))
         logged += [
             (t.action, t.scope, t.version, dict(t.args), dict(t.changed), t.reason)
             for t in core.last_transitions
         ]
     assert logged == LOGGED
+    assert commands == COMMANDS
 
 
 def test_a_writer_closed_for_an_unknown_page_names_the_event() -> None:
