@@ -86,6 +86,80 @@ EQUIVALENT.update(
     }
 )
 
+# handlers, machine, txn (the run of 2026-12-02)
+_NO_HIGHER = (
+    "no participant of a version above the scope's epoch exists (ParticipantStarted refuses a "
+    "future version), so fencing below epoch + 2, or up to and including the bound, fences the "
+    "same participants"
+)
+_FUTURE_GUARD = (
+    "the guard only skips a call to _no_future, which itself raises only for a version above "
+    "the epoch: with `>=` the current version's events make a call that does nothing"
+)
+_DISPATCHED = (
+    "machine.dispatch looks a page event's page up before the handler runs (and raises "
+    "UnknownPageError or DoubleFreeError naming the event), so the handler's own lookup always "
+    "finds the page and never uses its label or its arguments"
+)
+_GENERATION = (
+    "a tracked page always has an entry in generations (set at its allocation, kept when it is "
+    "freed), so the default of this lookup is never used"
+)
+_FAST_PATH = (
+    "a lookup shortcut: every class of TABLE.steady is also in TABLE.rows, a class missing from "
+    "the lookup is found again by isinstance over EVENT_TYPES, and _tracked_page returns a "
+    "tracked page's record, so the general path gives the same answer"
+)
+_LEDGER_BOUND = (
+    "at the bound itself: trimming a ledger of exactly ledger_size entries removes nothing, "
+    "and trim_ledger returns at once for a ledger within its bound"
+)
+EQUIVALENT.update(
+    {
+        **{
+            f"retire_core.handlers.{name}": _NO_HIGHER
+            for name in (
+                "x_on_supersede__mutmut_62",
+                "x__fence_running__mutmut_3",
+                "x_on_cancel__mutmut_40",
+                "x_on_version_finished__mutmut_63",
+            )
+        },
+        **{
+            f"retire_core.handlers.{name}__mutmut_3": _FUTURE_GUARD
+            for name in ("x_on_frame", "x_on_page_allocated", "x_on_write")
+        },
+        "retire_core.handlers.x_on_frame__mutmut_18": (
+            "publication_gate does not read the frame kind: Rule 1 is the same for tokens, "
+            "scheduler commits and installs"
+        ),
+        **{
+            f"retire_core.handlers.x_{handler}__mutmut_{n}": _DISPATCHED
+            for handler, numbers in (
+                ("on_page_reused", (4, 8, 9, 10)),
+                ("on_page_evicted", (4, 8, 9, 10)),
+                ("on_writer_closed", (6, 7, 8, 9, 10, 11, 12, 13, 14)),
+            )
+            for n in numbers
+        },
+        **{f"retire_core.handlers.x_on_page_reused__mutmut_{n}": _GENERATION for n in (17, 19, 20)},
+        "retire_core.handlers.x_on_page_reused__mutmut_11": (
+            "a page whose writer is open is always held (its reference is dropped only after "
+            "its writer closed) and an unheld page that is not full is freed at once, so "
+            "`held or writer_open or not full` and `held or writer_open and not full` agree on "
+            "every page the core tracks"
+        ),
+        **{
+            f"retire_core.machine.x_dispatch__mutmut_{n}": _FAST_PATH
+            for n in (1, 2, 3, 4, 17, 18, 32, 33)
+        },
+        "retire_core.machine.x_run_batch__mutmut_4": _LEDGER_BOUND,
+        "retire_core.machine.x_run_batch__mutmut_11": _LEDGER_BOUND,
+        "retire_core.txn.xǁTxnǁtrim_ledger__mutmut_4": _LEDGER_BOUND,
+        "retire_core.txn.xǁTxnǁtrim_ledger__mutmut_6": _LEDGER_BOUND,
+    }
+)
+
 
 def _diff(name: str, path: Path) -> str:
     try:

@@ -437,3 +437,16 @@ def test_a_writer_closed_for_an_unknown_page_names_the_event() -> None:
         core.handle(rc.WriterClosed(99, "d"))
     assert "WriterClosed for page 99, which was never allocated" in str(err.value)
     assert core.state is before
+
+
+def test_an_event_of_a_subclass_is_handled_as_its_class_and_anything_else_is_refused() -> None:
+    class Submitted(rc.Submit):
+        __slots__ = ()
+
+    core = rc.Retire()
+    assert core.handle(Submitted("s", "t", "f", (1,))) == [rc.Admit("s", 0, 0, True)]
+    assert core.scope("s").state is ScopeState.ACTIVE
+    before = core.state
+    with pytest.raises(TypeError, match="not a Retire event: 'Submit'"):
+        core.handle("Submit")  # type: ignore[arg-type]
+    assert core.state is before
