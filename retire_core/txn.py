@@ -261,9 +261,6 @@ class Txn:
 
     # Reads that do not thaw a map (a step that only reads leaves the map as it was).
 
-    def scope_record(self, scope: ScopeId) -> ScopeRecord | None:
-        return self.rscopes.get(scope)
-
     def read_scope(self, scope: ScopeId) -> ScopeRecord:
         """``self.scopes[scope]`` without thawing the map (KeyError if there is none)."""
         return self.rscopes[scope]

@@ -106,7 +106,7 @@ def test_a_participant_named_with_another_version_is_unknown_and_changes_nothing
     for event in (rc.PageAllocated("s", 1, "a", 7, 0), rc.WriteAttempted("s", 1, "a", 7)):
         with pytest.raises(rc.UnknownParticipantError) as err:
             core.handle(event)
-        assert "'a' is not a participant of s@1" in str(err.value)
+        assert err.value.args[0] == f"{type(event).__name__}: 'a' is not a participant of s@1"
         assert core.state is before
 
 
@@ -119,6 +119,7 @@ def test_a_closed_participant_cannot_allocate_or_write() -> None:
     for event in (rc.PageAllocated("s", 0, "a", 7, 0), rc.WriteAttempted("s", 0, "a", 7)):
         with pytest.raises(rc.IllegalTransitionError) as err:
             core.handle(event)
+        assert (err.value.state, err.value.event) == ("closed", type(event).__name__)
         assert "participant 'a' of s@0 has already closed" in str(err.value)
         assert core.state is before
 
@@ -450,3 +451,61 @@ def test_an_event_of_a_subclass_is_handled_as_its_class_and_anything_else_is_ref
     with pytest.raises(TypeError, match="not a Retire event: 'Submit'"):
         core.handle("Submit")  # type: ignore[arg-type]
     assert core.state is before
+
+
+def test_a_submit_records_its_tenant() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "tenant-a", "f", (1,)))
+    assert core.scope("s").tenant == "tenant-a"
+
+
+def test_a_page_past_the_context_is_not_inheritable() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1, 2)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.PageAllocated("s", 0, "a", 7, 2))  # the context has blocks 0 and 1 only
+    assert dict(core.last_transitions[0].args)["inheritable"] is False
+    assert core.state.pages[7].prefix is None
+
+
+def test_a_fenced_write_is_logged_with_its_version_and_completion() -> None:
+    core = _written(rc.Retire())
+    core.handle(rc.Supersede("s", (4, 5, 6)))
+    core.handle(rc.ParticipantStarted("s", 1, "b"))
+    assert core.handle(rc.WriteAttempted("s", 1, "b", 8, False)) == [
+        rc.FenceWrite(8, "b", rc.FenceReason.PAGE_OF_ANOTHER_VERSION)
+    ]
+    (t,) = core.last_transitions
+    assert (t.action, t.scope, t.version, t.reason) == (
+        "fence_write",
+        "s",
+        1,
+        "page_of_another_version",
+    )
+    assert dict(t.args) == {"page": 8, "participant": "b", "completes": False}
+
+
+def test_a_launch_before_admission_is_refused_and_a_late_launch_is_fenced_and_logged() -> None:
+    core = _aligning()
+    before = core.state
+    with pytest.raises(rc.IllegalTransitionError, match="version 1 is not admitted yet"):
+        core.handle(rc.ParticipantStarted("s", 1, "b"))
+    assert core.state is before
+    assert core.handle(rc.ParticipantStarted("s", 0, "c")) == [rc.Fence("s", 0, ("c",))]
+    launch, fence = core.last_transitions
+    assert (launch.action, dict(launch.args)) == ("launch", {"participant": "c"})
+    # (version 0 is still known by its page certified for version 1)
+    assert (fence.action, fence.version, fence.reason) == ("fence", 0, "retired_draining")
+    assert dict(fence.args) == {"participants": ("c",)}
+
+
+def test_a_core_without_a_ledger_remembers_no_drained_version() -> None:
+    core = rc.Retire(ledger_size=0)
+    core.handle(rc.Submit("s", "t", "f", (1,)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.Supersede("s", (2,)))
+    core.handle(rc.Receipt("s", 0, "a"))  # version 0 drains
+    assert core.state.ledger == ()
+    assert core.handle(rc.FrameArrived("s", 0, 1, TOKEN)) == [
+        rc.Drop(1, "s", 0, TOKEN, rc.DropReason.RETIRED_EXPIRED)
+    ]
