@@ -153,6 +153,56 @@ EQUIVALENT.update(
             f"retire_core.machine.x_dispatch__mutmut_{n}": _FAST_PATH
             for n in (1, 2, 3, 4, 17, 18, 32, 33)
         },
+        **{f"retire_core.machine.x_dispatch__mutmut_{n}": _FAST_PATH for n in (27, 29)},
+        **{
+            f"retire_core.handlers.x__allow_write__mutmut_{n}": (
+                "a cache of AllowWrite commands: a miss builds the same command again, and "
+                "the cache is bounded one entry later"
+            )
+            for n in (2, 3, 5)
+        },
+        **{
+            f"retire_core.handlers.x_{handler}__mutmut_{n}": (
+                "the inlined check of a running participant only decides whether to call "
+                "_running_participant, which reads the participant again and returns for a "
+                "running one of the event's version"
+            )
+            for handler in ("on_page_allocated", "on_write")
+            for n in (15, 16)
+        },
+        "retire_core.handlers.x_on_write__mutmut_40": (
+            "write_gate does not read the participant: a page's writer is its version, the "
+            "participant is named in the command only"
+        ),
+        **{f"retire_core.txn.xǁTxnǁfreeze__mutmut_{n}": _LEDGER_BOUND for n in (2, 4)},
+        **{
+            f"retire_core.txn.xǁPageDictǁ__setitem____mutmut_{n}": (
+                "a tracked page never changes owner (adoption changes its version within the "
+                "scope, reuse keeps it; a freed page is deleted), so the owner-change branch "
+                "is never taken, or is taken for the same owner and leaves the index as it was"
+            )
+            for n in (10, 24, 25, 26, 27, 28)
+        },
+        **{
+            name: "the page index is an ordered set: its dict values are never read"
+            for name in (
+                "retire_core.txn.xǁPageDictǁ__setitem____mutmut_29",
+                "retire_core.txn.xǁPageDictǁ__setitem____mutmut_31",
+                "retire_core.txn.x_build_index__mutmut_3",
+            )
+        },
+        **{
+            name: (
+                "the change counter is only compared for equality with an earlier reading "
+                "(RECLAIM's memo), so a different start or a different (still strictly "
+                "monotonic) step gives the same comparisons"
+            )
+            for name in (
+                "retire_core.txn.xǁPageDictǁ__init____mutmut_4",
+                "retire_core.txn.xǁPageDictǁ__setitem____mutmut_12",
+                "retire_core.txn.xǁPageDictǁ__setitem____mutmut_13",
+            )
+        },
         "retire_core.machine.x_run_batch__mutmut_4": _LEDGER_BOUND,
         "retire_core.machine.x_run_batch__mutmut_11": _LEDGER_BOUND,
         "retire_core.txn.xǁTxnǁtrim_ledger__mutmut_4": _LEDGER_BOUND,

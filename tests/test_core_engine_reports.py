@@ -145,6 +145,7 @@ def test_a_batch_bounds_a_hand_built_over_long_ledger_between_events_as_steps_do
     singles = [c for e in events for c in one_by_one.handle(e)]
     batched = rc.Retire(state=state)
     assert batched.handle_batch(events) == singles
+    assert list(machine.step_many(state, events).commands) == singles  # (the counted path)
     # the first event's step bounded the ledger: s@0 is older than it remembers
     assert singles[-1] == rc.Drop(1, "s", 0, rc.FrameKind.TOKEN, "retired_expired")
     assert batched.state.ledger == one_by_one.state.ledger == (("o", 0), ("o", 1))
