@@ -200,7 +200,9 @@ def _replay(args: argparse.Namespace) -> int:
     except FacadeMissing as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(R.table(doc))
+    from retire_bench.replay_table import table
+
+    print(table(doc))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
@@ -339,6 +341,7 @@ def _demo(args: argparse.Namespace) -> int:
         doc["handoff"] = handoff.summary(handoff_doc)
     print(f"[5/{steps}] plots and JSON", file=sys.stderr)
     from retire_bench import plots
+    from retire_bench.replay_table import table as replay_table
 
     written = plots.replay_plots(results, out)
     if handoff_doc is not None:
@@ -346,7 +349,7 @@ def _demo(args: argparse.Namespace) -> int:
     doc["demo_wall_s"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     print()
-    print(R.table(doc))
+    print(replay_table(doc))
     if handoff_doc is not None:
         print()
         print(handoff.table(handoff_doc))

@@ -29,6 +29,7 @@ from typing import Any, Final
 import attrs
 
 from retire_bench import metrics as M
+from retire_bench.replay_table import fmt
 from retire_bench.traces import Trace, final_versions, materialize, stats, version_numbers
 
 SCHEMA: Final[str] = "retire-load-results/1"
@@ -292,8 +293,8 @@ def evaluate(
                         f"  rep {rep + 1} x{scale:g} {arm:<16} goodput "
                         f"{m['goodput_tok_s']:6.1f} tok/s, obsolete {m['obsolete_tokens']:4d}, "
                         f"finals {m['final_versions_advanced']}/{m['final_versions_total']}, "
-                        f"util {_fmt(m.get('engine_utilisation'), 2)}, "
-                        f"load {_fmt(max(m.get('load_avg_1m') or [math.nan]), 1)}, "
+                        f"util {fmt(m.get('engine_utilisation'), 2)}, "
+                        f"load {fmt(max(m.get('load_avg_1m') or [math.nan]), 1)}, "
                         f"{'admitted' if got[2].admitted else 'NOT admitted'}"
                     )
     finally:
@@ -397,12 +398,6 @@ def _targets(
     return out
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
 def table(doc: dict[str, Any]) -> str:
     """The operating point's side-by-side table, the curve, and the ratios."""
     arms = list(doc["arms"])
@@ -433,7 +428,7 @@ def table(doc: dict[str, Any]) -> str:
             if key is None:
                 row.append(f"{m['final_versions_advanced']}/{m['final_versions_total']}")
             else:
-                row.append(_fmt(m.get(key), digits))
+                row.append(fmt(m.get(key), digits))
         lines.append(row)
     widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
     out = [
@@ -447,13 +442,13 @@ def table(doc: dict[str, Any]) -> str:
     out += ["", f"operating point: time scale {op['time_scale']} ({op['rule']})", ""]
     out.append("goodput tok/s by time scale: " + ", ".join(arms))
     for p in doc["curve"]:
-        vals = ", ".join(_fmt(p["goodput"].get(a)) for a in arms)
+        vals = ", ".join(fmt(p["goodput"].get(a)) for a in arms)
         out.append(f"  x{p['time_scale']:g}: {vals}")
     out.append("")
     for a, r in doc["goodput_ratio_vs"].items():
         out.append(
-            f"Retire / {a}: goodput {_fmt(r, 2)}x, final TTFT {a}/Retire "
-            f"{_fmt(doc['ttft_ratio_vs'].get(a), 1)}x"
+            f"Retire / {a}: goodput {fmt(r, 2)}x, final TTFT {a}/Retire "
+            f"{fmt(doc['ttft_ratio_vs'].get(a), 1)}x"
         )
     out.append(f"checker admitted every run: {doc['checker_admitted']}")
     return "\n".join(out)

@@ -10,7 +10,8 @@ import pytest
 
 from retire_bench import metrics as M
 from retire_bench.reference import Admission, admit
-from retire_bench.replay import SYSTEM_KEYS, TOP_KEYS, ReplayConfig, RunResult, results_json, table
+from retire_bench.replay import SYSTEM_KEYS, TOP_KEYS, ReplayConfig, RunResult, results_json
+from retire_bench.replay_table import table
 from retire_bench.traces import DEFAULT_TRACE_PATH, load_trace
 from retire_vllm.api import Delivery
 from tests.helpers import recorded_core_run
