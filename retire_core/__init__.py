@@ -50,6 +50,7 @@ from retire_core.errors import (
 from retire_core.events import (
     AdoptionReport,
     Cancel,
+    DraftsVerified,
     Event,
     Forget,
     FrameArrived,
@@ -90,6 +91,7 @@ __all__ = [
     "CoreState",
     "DoubleFreeError",
     "Drop",
+    "DraftsVerified",
     "DropReason",
     "DuplicateParticipantError",
     "DuplicateReceiptError",

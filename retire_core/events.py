@@ -2,7 +2,8 @@
 
 Each event is a frozen attrs class with slots. User requests: ``Submit``, ``Supersede``, ``Pause``,
 ``Unpause``, ``Cancel``, ``Forget``. Engine observations: ``ParticipantStarted``, ``Receipt``,
-``FrameArrived``, ``PageAllocated``, ``WriteAttempted``, ``WriterClosed``, ``AdoptionReport``,
+``FrameArrived``, ``PageAllocated``, ``WriteAttempted``, ``DraftsVerified``, ``WriterClosed``,
+``AdoptionReport``,
 ``PageReused``, ``PageEvicted``, ``VersionFinished``. Field validation (ids, contexts) happens here,
 at construction, so a malformed event never reaches the state machine. What the core answers lives
 in ``commands``.
@@ -183,13 +184,24 @@ class PageAllocated:
 @attrs.frozen(slots=True)
 class WriteAttempted:
     """A participant is about to write KV into a page (the isolation gate decides);
-    ``completes`` when this write fills the block."""
+    ``completes`` when this write fills the block. ``draft`` when the write holds speculative
+    tokens not yet verified: the page is then complete only if ``DraftsVerified`` says so."""
 
     scope: ScopeId = attrs.field(validator=_scope)
     version: Version = attrs.field(validator=_version)
     participant: ParticipantId = attrs.field(validator=_participant)
     page: PageId = attrs.field(validator=_page)
     completes: bool = attrs.field(default=True, validator=_completes)
+    draft: bool = attrs.field(default=False, validator=_completes)
+
+
+@attrs.frozen(slots=True)
+class DraftsVerified:
+    """The target model verified the draft tokens written into ``page``: ``completes`` when the
+    accepted tokens fill the block (rejected drafts leave it incomplete, to be rewritten)."""
+
+    page: PageId = attrs.field(validator=_page)
+    completes: bool = attrs.field(validator=_completes)
 
 
 @attrs.frozen(slots=True)
@@ -253,6 +265,7 @@ Event = (
     | FrameArrived
     | PageAllocated
     | WriteAttempted
+    | DraftsVerified
     | WriterClosed
     | AdoptionReport
     | PageReused
@@ -274,4 +287,4 @@ SCOPE_EVENTS: tuple[type, ...] = (
     AdoptionReport,
     VersionFinished,
 )
-PAGE_EVENTS: tuple[type, ...] = (WriterClosed, PageReused, PageEvicted)
+PAGE_EVENTS: tuple[type, ...] = (DraftsVerified, WriterClosed, PageReused, PageEvicted)

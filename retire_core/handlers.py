@@ -25,6 +25,7 @@ from retire_core.errors import (
 from retire_core.events import (
     AdoptionReport,
     Cancel,
+    DraftsVerified,
     Forget,
     FrameArrived,
     PageAllocated,
@@ -383,9 +384,22 @@ def on_write(txn: Txn, ev: WriteAttempted) -> None:
             completes=completes,
         )
         return
-    if page.full != completes:  # else the record would not change: leave the map alone
-        txn.pages[p] = evolve(page, full=completes)
+    draft = ev.draft
+    if page.full != completes or page.draft != draft:  # else the record would not change
+        txn.pages[p] = evolve(page, full=completes, draft=draft)
     txn.commands.append(_allow_write(p, q))
+    if draft:
+        txn.transitions.append(
+            transition(
+                "write_draft",
+                _RUN_STAGE,
+                scope,
+                version,
+                (("page", p), ("participant", q), ("completes", completes)),
+                (("full", completes), ("draft", True)),
+            )
+        )
+        return
     txn.transitions.append(
         transition(
             "write",
@@ -393,7 +407,34 @@ def on_write(txn: Txn, ev: WriteAttempted) -> None:
             scope,
             version,
             (("page", p), ("participant", q), ("completes", completes)),
-            (("full", completes),),
+            (("full", completes),) if not page.draft else (("full", completes), ("draft", False)),
+        )
+    )
+
+
+def on_drafts_verified(txn: Txn, ev: DraftsVerified) -> None:
+    """The verification of a page's drafts: the accepted tokens complete it or not. A
+    verification that finds no drafts (repeated, or after the writer closed and rolled them
+    back) changes nothing."""
+    p, completes = ev.page, ev.completes
+    page = txn.rpages.get(p)
+    if page is None:
+        _tracked_page(txn, p, "DraftsVerified")  # raises
+        return
+    if not page.draft or not page.writer_open:
+        txn.record(
+            "stale_verify", _RUN_STAGE, page.owner, page.version, page=p, completes=completes
+        )
+        return
+    txn.pages[p] = evolve(page, full=completes, draft=False)
+    txn.transitions.append(
+        transition(
+            "verify_drafts",
+            _RUN_STAGE,
+            page.owner,
+            page.version,
+            (("page", p), ("completes", completes)),
+            (("full", completes), ("draft", False)),
         )
     )
 
@@ -438,8 +479,11 @@ def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
         return
     if not page.writer_open:
         raise IllegalTransitionError("writer_closed", "WriterClosed", f"page {p} is already closed")
-    owner, version, full = page.owner, page.version, page.full
-    pages[p] = evolve(page, writer_open=False, digest=digest)
+    owner, version = page.owner, page.version
+    # Closing a writer with unverified drafts rolls them back: the page is then incomplete, so
+    # speculative bytes are never certified.
+    full = page.full and not page.draft
+    pages[p] = evolve(page, writer_open=False, full=full, draft=False, digest=digest)
     txn.transitions.append(
         transition(
             "close_writer",
@@ -447,7 +491,8 @@ def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
             owner,
             version,
             (("page", p), ("full", full), ("digest", digest)),
-            (("writer_open", False),),
+            (("writer_open", False),) if not page.draft else
+            (("writer_open", False), ("full", full), ("draft", False)),
         )
     )
     handoff.certify_prefix(txn, owner)

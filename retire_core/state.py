@@ -86,6 +86,7 @@ class PageRecord(NamedTuple):
     fingerprint: str
     writer_open: bool = True
     full: bool = False
+    draft: bool = False  # holds speculative tokens not yet verified (never certifiable)
     digest: str | None = None
     held: bool = True
     pinned: bool = False

@@ -4,7 +4,8 @@ they may lead.
 ``TABLE[(state, event type)]`` is the ``Entry`` of every legal pair: the handler (in
 ``handlers``) and the states the scope may be in after it (``None``: the record is dropped, the
 id is unknown again). ``None`` as the key's state stands for a scope that has not been submitted
-yet. Events that name only a page (``WriterClosed``, ``PageReused``, ``PageEvicted``) are keyed on
+yet. Events that name only a page (``DraftsVerified``, ``WriterClosed``, ``PageReused``,
+``PageEvicted``) are keyed on
 the state of the page's owner and are legal in every state of it. ``machine.dispatch`` is the
 only reader that runs handlers: it looks the pair up, runs the entry's handler and refuses (as a
 ``TableViolationError``, discarding the step) a handler that leaves its scope in a state the
@@ -35,6 +36,7 @@ from retire_core.events import (
     SCOPE_EVENTS,
     AdoptionReport,
     Cancel,
+    DraftsVerified,
     Forget,
     FrameArrived,
     PageAllocated,
@@ -155,6 +157,7 @@ TABLE = Table(
         **_each(ALL, FrameArrived, h.on_frame),
         **_each(ALL, PageAllocated, h.on_page_allocated),
         **_each(ALL, WriteAttempted, h.on_write),
+        **_each(ALL, DraftsVerified, h.on_drafts_verified),
         # a late report (a superseded or cancelled successor) is logged and changes nothing
         **_each(ALL, AdoptionReport, h.on_adoption_report, _ALIGNED),
         # every state: a late or repeated report of a version without authority is logged, not
