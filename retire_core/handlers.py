@@ -491,8 +491,9 @@ def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
             owner,
             version,
             (("page", p), ("full", full), ("digest", digest)),
-            (("writer_open", False),) if not page.draft else
-            (("writer_open", False), ("full", full), ("draft", False)),
+            (("writer_open", False),)
+            if not page.draft
+            else (("writer_open", False), ("full", full), ("draft", False)),
         )
     )
     handoff.certify_prefix(txn, owner)
