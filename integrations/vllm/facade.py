@@ -183,6 +183,8 @@ class RetireEngine:
         self.queues: dict[str, deque[Chunk]] = {}
         self._frame_ids = itertools.count()  # every frame id is decided once, by its caller
         self._completed: list[int] = []
+        self._drafts: list[observe.DraftWrite] = []  # the step's draft writes, until verified
+        self._refused: set[str] = set()  # the step's requests whose commit was dropped
         self._held: set[str] = set()
         self._maybe_paused: set[str] = set()  # scopes paused through ``pause`` (maybe unpaused)
         self._during_step: list[Callable[[RetireEngine], None]] = []
@@ -288,6 +290,8 @@ class RetireEngine:
         finally:
             commands.in_step = False
         self._steps += 1
+        if self._drafts:
+            self._verify_drafts()
         if self._completed:
             self._close_completed_writers()
         # The engine-boundary TOKEN frames of this step's outputs go to the core as one batch,
@@ -537,7 +541,7 @@ class RetireEngine:
         # The step's allocations and write checks go to the core as one batch, in the order they
         # would have gone one by one; the allocations' own bookkeeping follows once the core has
         # accepted them (a refused batch changes nothing, there or here).
-        events, allocations, writes, first_time = observe.schedule_events(
+        events, allocations, writes, first_time, self._drafts = observe.schedule_events(
             self.reqs, scheduler, scheduler_output, self.pages, self.block_size
         )
         for req, ids, start in first_time:
@@ -573,6 +577,7 @@ class RetireEngine:
             frame = next(frame_ids)
             events.append(FrameArrived(req.scope, req.version, frame, commit))
             frames.append((req, frame))
+        self._refused = refused
         if not events:
             return refused
         # one COMMIT frame per scheduled request, decided together
@@ -675,6 +680,13 @@ class RetireEngine:
         self.ledger.retain(bid, req.scope, req.version, req.rid, position, req.salt)
         req.pages.append(bid)
         req.record.pages.append(bid)
+
+    def _verify_drafts(self) -> None:
+        drafts, self._drafts = self._drafts, []
+        events, completed = observe.verify_drafts(drafts, self._refused, self.block_size)
+        if events:
+            self.emit_batch(events)
+        self._completed.extend(completed)
 
     def _close_completed_writers(self) -> None:
         completed, self._completed = self._completed, []

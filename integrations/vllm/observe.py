@@ -1,7 +1,8 @@
 """The observation glue both engines share: the in-process facade and the serving engine side.
 
 What a scheduled step allocates and writes (``schedule_events``: the ``PageAllocated`` and
-``WriteAttempted`` events of a step, in the order one by one would send them), the prefix-hit
+``WriteAttempted`` events of a step, in the order one by one would send them), what the step's
+verification made of the speculative drafts it wrote (``verify_drafts``), the prefix-hit
 checks of an admitted version (``restrict_prefix_hit`` before it can be scheduled,
 ``check_prefix_hit`` at its first schedule), the KV digests of blocks on every rank
 (``read_digests``) and the rank receipts of a closing request (``rank_receipts``). Each reads vLLM
@@ -20,7 +21,9 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from retire_core import Event, PageAllocated, WriteAttempted
+import attrs
+
+from retire_core import DraftsVerified, Event, PageAllocated, WriteAttempted
 
 from . import introspect as ix
 from .errors import EngineDeadError, IntegrationError
@@ -47,31 +50,56 @@ class Retained(Protocol):
     request: str
 
 
+@attrs.frozen(slots=True)
+class DraftWrite:
+    """A block this step writes speculative (not yet verified) tokens into: ``request`` is
+    vLLM's request object, whose ``num_computed_tokens`` the commit lowers by the rejected
+    drafts."""
+
+    rid: str
+    request: Any
+    block: int
+    index: int
+
+
 def schedule_events(
     reqs: Mapping[str, Managed],
     scheduler: Any,
     scheduler_output: Any,
     retained: Mapping[int, Retained],
     block_size: int,
-) -> tuple[list[Event], list[tuple[Any, int, int]], list[tuple[Any, int, int, bool]], list[Any]]:
+) -> tuple[
+    list[Event],
+    list[tuple[Any, int, int]],
+    list[tuple[Any, int, int, bool]],
+    list[Any],
+    list[DraftWrite],
+]:
     """The step's events, its allocations ``(request, block, index)``, its writes ``(request,
-    block, index, the write fills the block)`` and the requests scheduled for the first time
-    (whose prefix hit the caller checks). Updates each request's ``block_ids`` and ``scheduled``.
-    Raises if vLLM hands a request a block that is still retained for another."""
+    block, index, the write fills the block with verified tokens)``, the requests scheduled for
+    the first time (whose prefix hit the caller checks) and the blocks it writes drafts into
+    (complete only if ``verify_drafts`` says so after the commit). Updates each request's
+    ``block_ids`` and ``scheduled``. Raises if vLLM hands a request a block that is still
+    retained for another."""
     events: list[Event] = []
     allocations: list[tuple[Any, int, int]] = []
     writes: list[tuple[Any, int, int, bool]] = []
     first_time: list[tuple[Any, list[int], int]] = []
+    drafts: list[DraftWrite] = []
     claimed: dict[int, str] = {}  # block id -> request, for this step's allocations
     kvm = scheduler.kv_cache_manager
     requests = scheduler.requests
+    spec_tokens: Mapping[str, Sequence[int]] = scheduler_output.scheduled_spec_decode_tokens
     for rid, n in scheduler_output.num_scheduled_tokens.items():
         req = reqs.get(rid)
         if req is None:
             continue
         ids = ix.manager_block_ids(kvm, rid)
-        end = int(requests[rid].num_computed_tokens)
+        request = requests[rid]
+        end = int(request.num_computed_tokens)
         start = end - int(n)
+        # The step's last ``len(spec_tokens[rid])`` positions hold drafts.
+        verified_end = end - len(spec_tokens.get(rid, ()))
         if not req.scheduled:
             req.scheduled = True
             first_time.append((req, ids, start))
@@ -95,9 +123,30 @@ def schedule_events(
         req.block_ids = ids
         for idx in range(start // block_size, (end - 1) // block_size + 1):
             completes = end >= (idx + 1) * block_size
-            events.append(WriteAttempted(req.scope, req.version, rid, ids[idx], completes))
-            writes.append((req, ids[idx], idx, completes))
-    return events, allocations, writes, first_time
+            draft = verified_end < end and (idx + 1) * block_size > verified_end
+            events.append(WriteAttempted(req.scope, req.version, rid, ids[idx], completes, draft))
+            writes.append((req, ids[idx], idx, completes and not draft))
+            if draft:
+                drafts.append(DraftWrite(rid, request, ids[idx], idx))
+    return events, allocations, writes, first_time, drafts
+
+
+def verify_drafts(
+    drafts: Sequence[DraftWrite], refused: set[str], block_size: int
+) -> tuple[list[Event], list[int]]:
+    """After the commit: each draft block's ``DraftsVerified`` (complete when the accepted tokens
+    fill it) and the blocks that completed. A request whose commit was refused verified nothing:
+    its writers close over the drafts, which rolls them back."""
+    events: list[Event] = []
+    completed: list[int] = []
+    for d in drafts:
+        if d.rid in refused:
+            continue
+        completes = int(d.request.num_computed_tokens) >= (d.index + 1) * block_size
+        events.append(DraftsVerified(d.block, completes))
+        if completes:
+            completed.append(d.block)
+    return events, completed
 
 
 def restrict_prefix_hit(pool: Any, request: Any, adopted: Sequence[int]) -> int:

@@ -103,6 +103,7 @@ class EngineSide:
         self._deferred: list[Command] = []
         self._deferred_reports: list[PinCertified] = []
         self._completed: list[int] = []
+        self._drafts: list[observe.DraftWrite] = []  # the step's draft writes, until verified
         self._fencing: set[str] = set()  # requests this side is finishing itself
         self.counters: dict[str, int] = {}
         self.cleanup = Histogram()
@@ -211,7 +212,7 @@ class EngineSide:
         if not self.reqs:
             return
         self._in_step = True
-        events, allocations, writes, first_time = observe.schedule_events(
+        events, allocations, writes, first_time, self._drafts = observe.schedule_events(
             self.reqs, scheduler, scheduler_output, self.ledger.refs, self.block_size
         )
         for req, ids, start in first_time:
@@ -250,6 +251,12 @@ class EngineSide:
         boundary (a dropped one is removed: it never leaves this process), close finished
         requests, then carry out what the step boundary deferred."""
         self._in_step = False
+        if self._drafts:
+            drafts, self._drafts = self._drafts, []
+            events, completed = observe.verify_drafts(drafts, self._fencing, self.block_size)
+            if events:
+                self.execute(self.decide(events))
+            self._completed.extend(completed)
         if self._completed:
             completed, self._completed = self._completed, []
             todo = [b for b in dict.fromkeys(completed) if self._writer_open(b)]

@@ -1,0 +1,89 @@
+"""``retire serve`` with speculative decoding: revisions while drafts are in flight.
+
+One ``retire serve`` whose engine drafts three tokens a step with a tiny model of other weights
+(almost every draft is rejected, so drafts keep crossing block boundaries and being rolled
+back). A streamed version is revised after a few of its tokens were read, while the engine core
+is proposing, writing and verifying drafts for it: the old stream ends ``superseded``, the
+successor equals a cold (unscoped) run of its prompt and adopts exactly the common prefix's
+blocks, and the server's core log -- which must show draft writes, verifications and a writer
+closed over unverified drafts -- validates against the spec when the server closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from retire_bench.servers import RetireServer
+from retire_vllm import identity
+from retire_vllm.client import scoped, stamp
+from tests.vllm.support import speculative_config
+from tests.vllm.test_serving import cancel, complete, prompt, status
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
+    spec = json.dumps(speculative_config(draft_seed=1))
+    srv = RetireServer(tmp_path_factory.mktemp("retire-serve-spec"), ["--speculative-config", spec])
+    try:
+        yield srv
+    finally:
+        verdict = srv.close()
+    assert "valid" in verdict
+    assert srv.core_log is not None
+    seen = {json.loads(line)["transition"] for line in srv.core_log.read_text().splitlines()}
+    assert {"write_draft", "verify_drafts"} <= seen, seen
+
+
+async def _revise_after(base: str, model: str, scope: str, read: int, succ: list[int]) -> Any:
+    c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    old = await c.completions.create(
+        model=model,
+        prompt=prompt(200 + read, 150),
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped(scope)},
+    )
+    chunks = []
+    async for ch in old:
+        chunks.append(ch)
+        if len(chunks) == read:
+            break
+    new = await c.completions.create(
+        model=model,
+        prompt=succ,
+        max_tokens=24,
+        temperature=0,
+        extra_body={"ignore_eos": True, **scoped(scope)},
+    )
+    rest = [ch async for ch in old]
+    await c.close()
+    return (chunks + rest)[-1], new
+
+
+@pytest.mark.parametrize("read", [1, 6, 19])
+def test_a_revision_while_drafts_are_in_flight(server: RetireServer, read: int) -> None:
+    scope = f"spec-{read}"
+    pred = prompt(200 + read, 150)
+    succ = [*pred[:100], *prompt(300 + read, 30)]
+    last_old, new = asyncio.run(_revise_after(server.base, server.model, scope, read, succ))
+    assert stamp(last_old) == (scope, 0)
+    assert last_old.choices[0].finish_reason == "superseded"
+    assert stamp(new) == (scope, 1)
+    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
+    cold = complete(client, server.model, succ, 24)  # unscoped: served as stock vLLM serves it
+    assert new.choices[0].text == cold.choices[0].text
+    info = status(server, scope).json()
+    assert info["adopted_blocks"] == identity.expected_adopted_blocks(pred, succ, BLOCK) == 3
+    assert cancel(server, scope).status_code == 200
+    server.check_clean()
