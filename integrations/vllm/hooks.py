@@ -152,6 +152,14 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(_SCHED, "Scheduler.waiting", _I, use="(a)"),
     Hook(_SCHED, "Scheduler.kv_cache_manager", _I, use="(a)"),
     Hook("vllm.v1.core.sched.output", "SchedulerOutput.num_scheduled_tokens", _F, use="(f)"),
+    # speculative decoding: the step's last positions hold these drafts; the commit
+    # (``update_from_output``) lowers ``Request.num_computed_tokens`` by the rejected ones
+    Hook(
+        "vllm.v1.core.sched.output",
+        "SchedulerOutput.scheduled_spec_decode_tokens",
+        _F,
+        use="draft writes (observe.schedule_events)",
+    ),
     Hook("vllm.v1.request", "Request.block_hashes", _I, use="(a) chained full-block hashes"),
     Hook("vllm.v1.request", "Request.num_computed_tokens", _I, use="(a) writer boundary"),
     Hook("vllm.v1.request", "Request.status", _I, use="(a)"),
