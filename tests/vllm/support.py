@@ -30,16 +30,6 @@ def shutdown(engine: Any) -> None:
     engine.engine_core.shutdown()
 
 
-def speculative_config(draft_seed: int) -> dict[str, Any]:
-    """vLLM's speculative decoding with the tiny default model of ``draft_seed`` as the draft
-    model: seed 0 is the target itself (every draft is accepted), another seed has other
-    weights (almost every draft is rejected); three drafts per step either way."""
-    from retire_vllm.default_model import ensure_default_model
-
-    draft = ensure_default_model(seed=draft_seed)
-    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
-
-
 def tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(1, 2048) for _ in range(n)]
 

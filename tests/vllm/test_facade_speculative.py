@@ -4,50 +4,42 @@ vLLM writes the KV of draft tokens in the step that verifies them; rejected draf
 rewritten by a later step. Two draft models keep drafts in flight deterministically: a tiny model
 with other weights (almost every draft is rejected, so drafts often cross a block boundary and are
 rolled back) and the target itself (every draft is accepted, so blocks are completed by verified
-drafts). Each scope is revised at one of three moments: between steps, inside a step after its
-drafts were proposed and before the model runs, and after the model verified them but before the
-commit. Every successor must equal a cold run of its prompt, adopt exactly the common prefix's
-blocks with the clean reference's bytes, and the core's log (validated against the spec at close)
-must show the draft window really happened: blocks completed only tentatively, drafts rolled
-back by rejection and by a writer closing over them, and (accepting) blocks completed by
-verified drafts.
+drafts). The workload is ``retire_bench.shapes``': each scope is revised between steps, inside a
+step after its drafts were proposed and before the model runs, or after the model verified them
+and before the commit. Every successor must equal a cold run of its prompt and adopt exactly the
+common prefix's blocks with the clean reference's bytes (the reference runs the same draft model:
+its layers share the target's KV blocks), and the core's log (validated against the spec at
+close) must show the draft window really happened.
 """
 
 from __future__ import annotations
 
-import json
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from retire_core import DEFAULT_CONTRACT
+from retire_bench.shapes import NUM_BLOCKS, SHAPES, draft_window, plans, read_log, run_plans
+from retire_bench.shapes import speculative_config as spec_config
 from retire_vllm import identity
 from retire_vllm.checker import Checker
-from tests.vllm.support import attached, build, shutdown, speculative_config, tokens
+from tests.vllm.support import attached, build, shutdown
 
 pytestmark = pytest.mark.vllm
 
 BS = 32
-NUM_BLOCKS = 256
-DRAFT_MODEL_SEED = {"rejecting": 1, "accepting": 0}  # seed 0 is the target itself
-MOMENTS = ("between_steps", "drafts_proposed", "drafts_verified")
-PRED_LEN, PRED_MAX, SUCC_MAX = 150, 60, 24
-# (common prefix with the predecessor's prompt, successor length, predecessor tokens before the
-# revision): block boundaries, a mid-block cut, the whole prompt.
-CASES = [(64, 90, 5), (100, 130, 17), (150, 160, 30)]
+MODES = ("spec_rejecting", "spec_accepting")
 
 
-@pytest.fixture(scope="module", params=sorted(DRAFT_MODEL_SEED))
+@pytest.fixture(scope="module", params=MODES)
 def engines(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any, Checker]]:
-    """The engine under test and its clean reference, both with the same draft model: its
-    layers share the target's KV blocks, so the reference's bytes must include them too."""
     from retire_vllm.engine_config import build_engine
 
     mode = request.param
-    spec = speculative_config(DRAFT_MODEL_SEED[mode])
+    draft_seed = SHAPES[mode]
+    assert draft_seed is not None
+    spec = spec_config(draft_seed)
     ref = build_engine(num_blocks=NUM_BLOCKS, speculative_config=spec)
     eng = build(num_blocks=NUM_BLOCKS, speculative_config=spec)
     yield mode, eng, Checker(ref)
@@ -55,92 +47,32 @@ def engines(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any, Checker]
     shutdown(ref)
 
 
-def _plans(seed: int) -> list[tuple[str, str, list[int], list[int], int]]:
-    rng = random.Random(seed)
-    plans = []
-    for moment in MOMENTS:
-        for lcp, n, after in CASES:
-            pred = tokens(rng, PRED_LEN)
-            succ = pred[:lcp] + tokens(rng, n - lcp)
-            if lcp < len(pred):
-                succ[lcp] = (pred[lcp] % 2047) + 1  # the prompts really diverge here
-            plans.append((f"{moment}-l{lcp}", moment, pred, succ, after))
-    return plans
-
-
-def _run(facade: Any, plans: list[tuple[str, str, list[int], list[int], int]]) -> None:
-    at_commit: list[tuple[str, list[int]]] = []
-    before_commit = facade.before_commit
-
-    def revise_then_commit(scheduler: Any, scheduler_output: Any) -> set[str]:
-        while at_commit:  # the model has run and verified the drafts; nothing is committed yet
-            scope, succ = at_commit.pop()
-            facade.supersede(scope, succ, DEFAULT_CONTRACT, SUCC_MAX)
-        return before_commit(scheduler, scheduler_output)  # type: ignore[no-any-return]
-
-    facade.before_commit = revise_then_commit
-    for scope, _, pred, _, _ in plans:
-        facade.submit(scope, pred, DEFAULT_CONTRACT, PRED_MAX)
-    revised: set[str] = set()
-    for _ in range(400):
-        for scope, moment, _, succ, after in plans:
-            if scope in revised or len(facade.version_record(scope, 0).output_token_ids) < after:
-                continue
-            revised.add(scope)
-            if moment == "between_steps":
-                facade.supersede(scope, succ, DEFAULT_CONTRACT, SUCC_MAX)
-            elif moment == "drafts_proposed":
-                facade.during_next_step(
-                    lambda f, s=scope, c=succ: f.supersede(s, c, DEFAULT_CONTRACT, SUCC_MAX)
-                )
-            else:
-                at_commit.append((scope, succ))
-        if len(revised) == len(plans) and not facade.has_unfinished() and not at_commit:
-            break
-        facade.step()
-    assert revised == {p[0] for p in plans}
-
-
-def _log(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_revisions_inside_speculative_decoding(
     engines: tuple[str, Any, Checker], tmp_path: Path
 ) -> None:
     mode, engine, checker = engines
-    plans = _plans(seed=len(mode))
+    todo = plans(seed=0)
     log_path = tmp_path / "core.jsonl"
     with attached(engine, log_path=log_path) as facade:  # close validates the log (the spec)
-        _run(facade, plans)
-        checker.references([(succ, SUCC_MAX) for *_, succ, _ in plans])
-        for scope, _, pred, succ, _ in plans:
-            verdict = checker.verify(facade, scope)
-            assert verdict.ok, (mode, scope, verdict.problems)
-            expected = identity.expected_adopted_blocks(pred, succ, BS)
-            assert verdict.adopted_blocks == expected == verdict.expected_adopted_blocks, scope
+        run_plans(facade, todo)
+        checker.references([(list(p.succ), 24) for p in todo])
+        for p in todo:
+            verdict = checker.verify(facade, p.scope)
+            assert verdict.ok, (mode, p.scope, verdict.problems)
+            expected = identity.expected_adopted_blocks(p.pred, p.succ, BS)
+            assert verdict.adopted_blocks == expected == verdict.expected_adopted_blocks, p.scope
 
-    log = _log(log_path)
-    tentative = {
-        line["page"]
-        for line in log
-        if line["transition"] == "write_draft" and line["completes"] is True
-    }
-    verified = [line for line in log if line["transition"] == "verify_drafts"]
-    rolled_back_by_close = [
-        line
-        for line in log
-        if line["transition"] == "close_writer" and line["changed"].get("draft") is False
-    ]
-    assert tentative, "no draft write ever completed a block tentatively"
-    assert rolled_back_by_close, "no writer closed over unverified drafts"
-    if mode == "rejecting":
-        assert any(v["page"] in tentative and v["completes"] is False for v in verified)
-    else:
-        completed = {v["page"] for v in verified if v["completes"] is True}
+    log = read_log(log_path)
+    window = draft_window(log)
+    assert window["tentative_completions"], window  # drafts completed blocks only tentatively
+    assert window["rolled_back_at_close"], window  # a refused commit's writers closed over drafts
+    tentative = {ln["page"] for ln in log if ln["transition"] == "write_draft" and ln["completes"]}
+    verified = [ln for ln in log if ln["transition"] == "verify_drafts"]
+    if mode == "spec_rejecting":  # a tentatively complete block rolled back by the rejection
+        assert any(v["page"] in tentative and not v["completes"] for v in verified)
+    else:  # blocks completed by verified drafts, their writers closed full
+        completed = {v["page"] for v in verified if v["completes"]}
         closed_full = {
-            line["page"]
-            for line in log
-            if line["transition"] == "close_writer" and line["full"] is True
+            ln["page"] for ln in log if ln["transition"] == "close_writer" and ln["full"]
         }
-        assert completed & closed_full, "no block was completed by verified drafts"
+        assert completed & closed_full, window

@@ -20,9 +20,9 @@ import openai
 import pytest
 
 from retire_bench.servers import RetireServer
+from retire_bench.shapes import speculative_config
 from retire_vllm import identity
 from retire_vllm.client import scoped, stamp
-from tests.vllm.support import speculative_config
 from tests.vllm.test_serving import cancel, complete, prompt, status
 
 pytestmark = pytest.mark.vllm

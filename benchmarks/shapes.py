@@ -1,0 +1,283 @@
+"""Execution shapes beside the plain path: revisions inside active speculative decoding.
+
+``python -m retire_bench.shapes [--seeds 0 1 2] [--json PATH]`` runs one workload on the tiny
+default model in three shapes: the plain path, speculative decoding whose draft model rejects
+almost every draft (a tiny model of other weights), and speculative decoding whose draft model
+accepts every draft (the target itself), three drafts a step. Each scope is revised at one of three
+moments: between steps; inside a step, after its drafts were proposed and before the model runs;
+after the model verified them and before the commit. Per shape: supersede-to-last-receipt time of
+every revision, the successor's reuse (blocks adopted against those of the common prefix), the
+checker's verdict on every successor (tokens and adopted bytes against a clean reference that runs
+the same draft model: its layers share the target's KV blocks), the draft window as the core's log
+saw it, and that log validated against the spec when the facade closes. Figures count only from
+runs the checker admits. The workload and its driver (``plans``, ``run_plans``) are also what
+``tests/vllm/test_facade_speculative.py`` runs. What does not live here: how the integration
+reports drafts (``retire_vllm.observe``) and the campaign commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+#: Draft model per shape (a seed of the tiny default model; seed 0 is the target), None: no
+#: speculative decoding.
+SHAPES: dict[str, int | None] = {"plain": None, "spec_rejecting": 1, "spec_accepting": 0}
+MOMENTS = ("between_steps", "drafts_proposed", "drafts_verified")
+NUM_BLOCKS = 256
+PRED_LEN, PRED_MAX, SUCC_MAX = 150, 60, 24
+# (common prefix with the predecessor's prompt, successor length, predecessor tokens generated
+# before the revision): block boundaries, a mid-block cut, the whole prompt.
+CASES = ((64, 90, 5), (100, 130, 17), (150, 160, 30))
+
+
+def speculative_config(draft_seed: int) -> dict[str, Any]:
+    """vLLM's speculative decoding with the tiny default model of ``draft_seed`` as the draft
+    model, three drafts a step."""
+    from retire_vllm.default_model import ensure_default_model
+
+    draft = ensure_default_model(seed=draft_seed)
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+
+
+@attrs.frozen
+class Plan:
+    scope: str
+    moment: str
+    pred: tuple[int, ...]
+    succ: tuple[int, ...]
+    after: int  # predecessor tokens generated before the revision
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1, 2048) for _ in range(n)]
+
+
+def plans(seed: int) -> list[Plan]:
+    """One scope per (moment, case); successors really diverge right after the common prefix."""
+    rng = random.Random(seed)
+    out = []
+    for moment in MOMENTS:
+        for lcp, n, after in CASES:
+            pred = _tokens(rng, PRED_LEN)
+            succ = pred[:lcp] + _tokens(rng, n - lcp)
+            if lcp < len(pred):
+                succ[lcp] = (pred[lcp] % 2047) + 1
+            out.append(Plan(f"{moment}-l{lcp}-s{seed}", moment, tuple(pred), tuple(succ), after))
+    return out
+
+
+def run_plans(facade: Any, todo: Sequence[Plan], max_steps: int = 400) -> int:
+    """Submit every plan's predecessor, revise each at its moment, step until idle; returns the
+    steps taken. Raises if a plan was never revised."""
+    from retire_core import DEFAULT_CONTRACT
+
+    at_commit: list[Plan] = []
+    before_commit = facade.before_commit
+
+    def revise_then_commit(scheduler: Any, scheduler_output: Any) -> set[str]:
+        while at_commit:  # the model has run and verified the drafts; nothing is committed yet
+            p = at_commit.pop()
+            facade.supersede(p.scope, list(p.succ), DEFAULT_CONTRACT, SUCC_MAX)
+        return before_commit(scheduler, scheduler_output)  # type: ignore[no-any-return]
+
+    def revise_now(f: Any, p: Plan) -> None:
+        f.supersede(p.scope, list(p.succ), DEFAULT_CONTRACT, SUCC_MAX)
+
+    facade.before_commit = revise_then_commit
+    try:
+        for p in todo:
+            facade.submit(p.scope, list(p.pred), DEFAULT_CONTRACT, PRED_MAX)
+        revised: set[str] = set()
+        steps = 0
+        while steps < max_steps:
+            for p in todo:
+                generated = len(facade.version_record(p.scope, 0).output_token_ids)
+                if p.scope in revised or generated < p.after:
+                    continue
+                revised.add(p.scope)
+                if p.moment == "between_steps":
+                    revise_now(facade, p)
+                elif p.moment == "drafts_proposed":
+                    facade.during_next_step(lambda f, p=p: revise_now(f, p))
+                else:
+                    at_commit.append(p)
+            if len(revised) == len(todo) and not at_commit and not facade.has_unfinished():
+                break
+            facade.step()
+            steps += 1
+    finally:
+        facade.before_commit = before_commit
+    missing = {p.scope for p in todo} - revised
+    if missing:
+        raise RuntimeError(f"never revised within {max_steps} steps: {sorted(missing)}")
+    return steps
+
+
+def draft_window(log: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """What the core's log shows of the draft window: draft writes, those that completed a block
+    only tentatively, verifications that completed a block or left it incomplete, and writers
+    closed over unverified drafts (rolled back)."""
+    counts = dict.fromkeys(
+        (
+            "draft_writes",
+            "tentative_completions",
+            "verified_complete",
+            "verified_incomplete",
+            "rolled_back_at_close",
+        ),
+        0,
+    )
+    for line in log:
+        t = line["transition"]
+        if t == "write_draft":
+            counts["draft_writes"] += 1
+            counts["tentative_completions"] += line["completes"] is True
+        elif t == "verify_drafts":
+            counts["verified_complete" if line["completes"] else "verified_incomplete"] += 1
+        elif t == "close_writer" and line["changed"].get("draft") is False:
+            counts["rolled_back_at_close"] += 1
+    return counts
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _summary(ms: list[float]) -> dict[str, float | int | None]:
+    if not ms:
+        return {"n": 0, "p50": None, "max": None}
+    return {"n": len(ms), "p50": round(statistics.median(ms), 2), "max": round(max(ms), 2)}
+
+
+def run_shape(shape: str, seeds: Sequence[int], log_dir: Path) -> dict[str, Any]:
+    """One engine (and its clean reference) for ``shape``; one facade per seed."""
+    from retire_vllm import identity
+    from retire_vllm.checker import Checker
+    from retire_vllm.engine_config import build_engine
+    from retire_vllm.facade import RetireEngine
+    from retire_vllm.scheduler import RetireScheduler
+
+    draft_seed = SHAPES[shape]
+    extra = {} if draft_seed is None else {"speculative_config": speculative_config(draft_seed)}
+    ref = build_engine(num_blocks=NUM_BLOCKS, **extra)
+    engine = build_engine(num_blocks=NUM_BLOCKS, scheduler_cls=RetireScheduler, **extra)
+    row: dict[str, Any] = {"shape": shape, "draft_model_seed": draft_seed, "errors": []}
+    cleanup: list[float] = []
+    adopted = reusable = admitted = successors = tokens = steps = 0
+    window = draft_window(())
+    wall = 0.0
+    try:
+        checker = Checker(ref)
+        for seed in seeds:
+            todo = plans(seed)
+            log_path = log_dir / f"{shape}-seed{seed}.jsonl"
+            facade = RetireEngine(engine=engine, log_path=log_path)
+            try:
+                start = time.perf_counter()
+                steps += run_plans(facade, todo)
+                wall += time.perf_counter() - start
+                checker.references([(list(p.succ), SUCC_MAX) for p in todo])
+                for p in todo:
+                    verdict = checker.verify(facade, p.scope)
+                    successors += 1
+                    if not verdict.ok:
+                        row["errors"].append(f"{p.scope}: {verdict.problems}")
+                        continue
+                    admitted += 1
+                    pred, succ = facade.records[p.scope].versions[:2]
+                    if pred.closed_at is not None:
+                        cleanup.append(round((pred.closed_at - succ.submitted_at) * 1e3, 3))
+                    adopted += succ.adopted_blocks
+                    reusable += identity.expected_adopted_blocks(p.pred, p.succ, facade.block_size)
+                    tokens += len(pred.output_token_ids) + len(succ.output_token_ids)
+            finally:
+                facade.close()  # validates the core log against the spec
+            for key, n in draft_window(read_log(log_path)).items():
+                window[key] += n
+    except Exception as err:  # a shape that fails is reported, the others still run
+        row["errors"].append(f"{type(err).__name__}: {err}")
+    finally:
+        engine.engine_core.shutdown()
+        ref.engine_core.shutdown()
+    row.update(
+        successors=successors,
+        checker_admitted=admitted,
+        supersede_to_last_receipt_ms=_summary(cleanup),
+        adopted_blocks=adopted,
+        reusable_blocks=reusable,
+        tokens_generated=tokens,
+        steps=steps,
+        wall_s=round(wall, 2),
+        tokens_per_s=round(tokens / wall, 1) if wall else None,
+        draft_window=window,
+        core_logs_valid=not row["errors"],
+    )
+    return row
+
+
+COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
+    ("shape", "shape", lambda r: r["shape"]),
+    ("admitted", "admitted", lambda r: f"{r['checker_admitted']}/{r['successors']}"),
+    ("p50", "cleanup p50 ms", lambda r: str(r["supersede_to_last_receipt_ms"]["p50"])),
+    ("max", "cleanup max ms", lambda r: str(r["supersede_to_last_receipt_ms"]["max"])),
+    ("reuse", "reuse", lambda r: f"{r['adopted_blocks']}/{r['reusable_blocks']}"),
+    ("tps", "tok/s", lambda r: str(r["tokens_per_s"])),
+    ("drafts", "draft writes", lambda r: str(r["draft_window"]["draft_writes"])),
+    ("tent", "tentative", lambda r: str(r["draft_window"]["tentative_completions"])),
+    ("vc", "verified full", lambda r: str(r["draft_window"]["verified_complete"])),
+    ("vi", "verified partial", lambda r: str(r["draft_window"]["verified_incomplete"])),
+    ("rb", "rolled back at close", lambda r: str(r["draft_window"]["rolled_back_at_close"])),
+)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = [title for _, title, _ in COLUMNS]
+    cells = [[cell(r) for _, _, cell in COLUMNS] for r in rows]
+    widths = [max(len(x[i]) for x in [head, *cells]) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in [head, *cells]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m retire_bench.shapes", description=__doc__)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument("--json", type=Path, default=None, help="write the report JSON here")
+    parser.add_argument("--core-logs", type=Path, default=None, help="directory for core logs")
+    args = parser.parse_args(argv)
+    from retire_bench.systems import prepare_env
+
+    prepare_env()
+    logs = args.core_logs or Path(tempfile.mkdtemp(prefix="retire-shapes-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for shape in args.shapes:
+        print(f"[shapes] {shape} ...", file=sys.stderr, flush=True)
+        rows.append(run_shape(shape, args.seeds, logs))
+    print(table(rows))
+    for r in rows:
+        for line in r["errors"][:5]:
+            print(f"{r['shape']}: {line}", file=sys.stderr)
+    doc = {"seeds": args.seeds, "rows": rows, "passed": all(not r["errors"] for r in rows)}
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"results: {args.json}")
+    print(f"core logs: {logs} (validated against the spec when each facade closed)")
+    return 0 if doc["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
