@@ -151,6 +151,9 @@ class RetireServer(Server):
         core's log (and validate it at ``close``)."""
         self.core_log: Path | None = tmp / "retire-core.jsonl" if log else None
         argv = [RETIRE, "serve", *(ENGINE_OPTIONS if options is None else options)]
+        given = [*argv, *(extra or [])]
+        flag = "--data-parallel-size"
+        self.dp = int(given[given.index(flag) + 1]) if flag in given else 1
         if self.core_log is not None:
             argv += ["--retire-log", str(self.core_log)]
         super().__init__([*argv, *(extra or [])], tmp, "retire")
@@ -185,17 +188,26 @@ class RetireServer(Server):
         self.stop()
         if self.core_log is None:
             return "no core log (started with log=False)"
-        if not self.core_log.exists() or self.core_log.stat().st_size == 0:
-            # as the facade's CoreLog: a server that never handled a scoped event wrote nothing
-            return "no transition logged: nothing to validate"
-        result = subprocess.run(
-            [RETIRE, "validate-trace", str(self.core_log)],
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            raise AssertionError(f"core log rejected: {result.stdout}{result.stderr}")
-        return result.stdout
+        verdicts = []
+        for log in self.core_logs():
+            if not log.exists() or log.stat().st_size == 0:
+                # as the facade's CoreLog: a server that never handled a scoped event wrote nothing
+                verdicts.append(f"{log.name}: no transition logged: nothing to validate")
+                continue
+            result = subprocess.run(
+                [RETIRE, "validate-trace", str(log)], capture_output=True, text=True
+            )
+            if result.returncode != 0:
+                raise AssertionError(f"core log rejected: {result.stdout}{result.stderr}")
+            verdicts.append(result.stdout)
+        return "".join(verdicts)
+
+    def core_logs(self) -> list[Path]:
+        """The core log of every engine core (one per data-parallel engine)."""
+        from retire_vllm.corelog import engine_log_path
+
+        assert self.core_log is not None
+        return [engine_log_path(self.core_log, r, self.dp) for r in range(self.dp)]
 
 
 class StockServer(Server):

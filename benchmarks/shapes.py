@@ -169,7 +169,9 @@ def run_shape(shape: str, seeds: Sequence[int], log_dir: Path) -> dict[str, Any]
     from retire_vllm.scheduler import RetireScheduler
 
     draft_seed = SHAPES[shape]
-    extra = {} if draft_seed is None else {"speculative_config": speculative_config(draft_seed)}
+    extra: dict[str, Any] = (
+        {} if draft_seed is None else {"speculative_config": speculative_config(draft_seed)}
+    )
     ref = build_engine(num_blocks=NUM_BLOCKS, **extra)
     engine = build_engine(num_blocks=NUM_BLOCKS, scheduler_cls=RetireScheduler, **extra)
     row: dict[str, Any] = {"shape": shape, "draft_model_seed": draft_seed, "errors": []}

@@ -14,7 +14,7 @@ Where the log goes (``log_path_for``): the ``log_path`` the caller gives, else a
 directory named by ``RETIRE_CORE_LOG_DIR`` (the vLLM test suite sets it for every test), else
 nowhere (the core then logs through the caller's logger, or not at all). The serving path's
 engine side writes its log as it goes instead (``json_lines_logger``), or logs nothing
-(``NullLogger``).
+(``NullLogger``); with data parallelism each engine core writes its own (``engine_log_path``).
 """
 
 from __future__ import annotations
@@ -148,3 +148,12 @@ def json_lines_logger(stream: TextIO) -> Any:
         structlog.WriteLogger(stream),
         processors=[structlog.processors.JSONRenderer(default=json_default, sort_keys=False)],
     )
+
+
+def engine_log_path(path: str | Path, dp_rank: int, dp_size: int) -> Path:
+    """The core log of one data-parallel engine core: ``path`` itself when there is one engine,
+    else ``<stem>.dp<rank><suffix>`` beside it (every engine core has its own authority)."""
+    path = Path(path)
+    if dp_size <= 1:
+        return path
+    return path.with_name(f"{path.stem}.dp{dp_rank}{path.suffix}")

@@ -327,7 +327,32 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(_OUT, "RequestOutputCollector.get_nowait", _C, (), "(e)"),
     Hook(_OUT, "RequestOutputCollector.output", _I, use="(e) merged unread output"),
     Hook(_OUT, "RequestOutputCollector.ready", _I, use="(e)"),
-    Hook(_ASYNC, "AsyncLLM.generate", _C, ("prompt", "sampling_params", "request_id"), "(e)"),
+    # (with data parallelism a scoped request runs on its scope's engine: data_parallel_rank)
+    Hook(
+        _ASYNC,
+        "AsyncLLM.generate",
+        _C,
+        ("prompt", "sampling_params", "request_id", "data_parallel_rank"),
+        "(e), dp",
+    ),
+    # data parallelism: a scope's engine (wire.affinity) gets its calls
+    Hook("vllm.v1.engine.core_client", "MPClient.core_engines", _I, use="dp: engines by rank"),
+    Hook(
+        "vllm.v1.engine.core_client",
+        "AsyncMPClient._call_utility_async",
+        _C,
+        ("method", "args", "engine"),
+        "dp: a scope call to its engine",
+    ),
+    Hook(
+        "vllm.v1.engine.core_client",
+        "AsyncMPClient.call_utility_all_async",
+        _C,
+        ("method", "args"),
+        "dp: calls without a scope",
+    ),
+    Hook("vllm.config.parallel", "ParallelConfig.data_parallel_rank", _F, use="dp: log path"),
+    Hook("vllm.config.parallel", "ParallelConfig.data_parallel_size", _F, use="dp: log path"),
     Hook(_ASYNC, "AsyncLLM.abort", _C, ("request_id", "internal"), "(e)"),
     Hook(_ASYNC, "AsyncLLM.add_request", _C, ("request_id", "prompt", "params"), "(e)"),
     Hook(_ASYNC, "AsyncLLM._run_output_handler", _C, (), "(e)"),

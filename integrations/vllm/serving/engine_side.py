@@ -73,7 +73,7 @@ from retire_core import (
 
 from .. import introspect as ix
 from .. import observe
-from ..corelog import NullLogger, json_lines_logger
+from ..corelog import NullLogger, engine_log_path, json_lines_logger
 from ..errors import IntegrationError, IsolationError
 from . import wire
 from .ledger import VERIFICATION_FAILURES, BlockLedger, BlockRef
@@ -138,7 +138,9 @@ class EngineSide:
         log_path = os.environ.get(LOG_ENV)
         logger: Any = NullLogger()
         if log_path:
-            self._log_file = open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            pc = vcfg.parallel_config
+            path = engine_log_path(log_path, pc.data_parallel_rank, pc.data_parallel_size)
+            self._log_file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
             logger = json_lines_logger(self._log_file)
         self.ledger = BlockLedger(self.pool)
         self.ledger.spy.listeners.append(self._on_blocks_handed_out)

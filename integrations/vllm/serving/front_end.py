@@ -76,10 +76,29 @@ class RetireAsyncLLM(AsyncLLM):
             "parent_requests": len(processor.parent_requests),
         }
 
-    async def retire(self, op: str, **payload: Any) -> dict[str, Any]:
-        """One operation at the authority; raises ``ScopeRequestError`` when it is refused."""
-        answer = await self.engine_core.call_utility_async(wire.UTILITY, op, payload)
-        answer = wire.raise_if_refused(answer)
+    async def retire(self, op: str, dp_rank: int | None = None, **payload: Any) -> dict[str, Any]:
+        """One operation at the authority; raises ``ScopeRequestError`` when it is refused.
+
+        With data parallelism every engine core has its own authority: an operation on a scope
+        goes to the scope's engine (``dp_rank``, else ``wire.affinity``; the answer names it as
+        ``dp_rank``), one without a scope to every engine, their answers merged."""
+        engines = list(getattr(self.engine_core, "core_engines", ()))
+        answer: dict[str, Any]
+        if len(engines) <= 1:
+            reply = await self.engine_core.call_utility_async(wire.UTILITY, op, payload)
+            answer = wire.raise_if_refused(reply)
+        elif "scope" in payload:
+            tenant = payload.get("tenant") or wire.DEFAULT_TENANT
+            rank = dp_rank
+            if rank is None:
+                rank = wire.affinity(str(tenant), str(payload["scope"]), len(engines))
+            reply = await self.engine_core._call_utility_async(
+                wire.UTILITY, op, payload, engine=engines[rank]
+            )
+            answer = {**wire.raise_if_refused(reply), "dp_rank": rank}
+        else:
+            answers = await self.engine_core.call_utility_all_async(wire.UTILITY, op, payload)
+            answer = wire.merge_answers([wire.raise_if_refused(a) for a in answers])
         self._carry_out_fences(str(payload.get("scope", "")), answer.get("fenced", ()))
         return answer
 
@@ -121,6 +140,8 @@ class RetireAsyncLLM(AsyncLLM):
                 ctx.fence = str(answer["fence"])
             yield _terminal(request_id, prompt, str(answer["fence"]))
             return
+        if "dp_rank" in answer:  # the scope's engine: where its authority admitted it
+            kwargs["data_parallel_rank"] = int(answer["dp_rank"])
         params = sampling_params.clone()
         params.extra_args = {**args, wire.XARG_SCOPE: str(scope), wire.XARG_VERSION: version}
         prompt = {**prompt, "cache_salt": answer["salt"]}
@@ -158,7 +179,12 @@ class RetireAsyncLLM(AsyncLLM):
         answer = opening.result()
         if "fence" not in answer:
             task = asyncio.ensure_future(
-                self.retire("abandon", scope=answer["scope"], version=answer["version"])
+                self.retire(
+                    "abandon",
+                    dp_rank=answer.get("dp_rank"),
+                    scope=answer["scope"],
+                    version=answer["version"],
+                )
             )
             self.__dict__.setdefault("_retire_tasks", set()).add(task)
             task.add_done_callback(self.__dict__["_retire_tasks"].discard)

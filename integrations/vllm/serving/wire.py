@@ -2,13 +2,16 @@
 
 The names of the request arguments that put a request under a scope, the one utility method and
 its operations, the marker a fence's terminal output carries, the finish reasons a client sees,
-and how a refusal travels back (an error dict, never an exception) and becomes an HTTP error in
-OpenAI's format. Nothing here decides protocol: errors are the core's typed errors, classified
-by name.
+how a refusal travels back (an error dict, never an exception) and becomes an HTTP error in
+OpenAI's format, and with data parallelism which engine a scope lives on (``affinity``) and how
+the answers of every engine to a call without a scope combine (``merge_answers``). Nothing here
+decides protocol: errors are the core's typed errors, classified by name.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 #: ``vllm_xargs`` keys a client sends (``extra_body={"vllm_xargs": {...}}``).
@@ -85,3 +88,45 @@ def fence_reason(stop_reason: object) -> str | None:
     if isinstance(stop_reason, str) and stop_reason.startswith(STOP_MARK):
         return stop_reason[len(STOP_MARK) :]
     return None
+
+
+def affinity(tenant: str, scope: str, engines: int) -> int:
+    """The data-parallel engine a scope lives on: every version of it runs there and its
+    authority is that engine's core. A stable hash of (tenant, scope), the same in every process
+    and run (Python's ``hash`` of a string is not)."""
+    digest = hashlib.blake2b(f"{tenant}\0{scope}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % engines
+
+
+def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One answer from every engine's answer to a call without a scope (``attach``, ``expire``,
+    ``metrics``, ``leaks``, ``release_all``): numbers add up, lists and mappings join, ``ok``
+    holds if it holds everywhere; a histogram's ``bounds`` are the same everywhere and its
+    ``counts`` add up bucket by bucket."""
+    merged: dict[str, Any] = {}
+    for answer in answers:
+        for key, value in answer.items():
+            if key not in merged:
+                merged[key] = value
+            else:
+                merged[key] = _merge(key, merged[key], value)
+    return merged
+
+
+def _merge(key: str, a: Any, b: Any) -> Any:
+    if isinstance(a, bool):
+        return a and b
+    if isinstance(a, int | float):
+        return a + b
+    if isinstance(a, dict):
+        return {
+            k: _merge(k, a[k], b[k]) if k in a and k in b else a.get(k, b.get(k))
+            for k in {**a, **b}
+        }
+    if isinstance(a, list):
+        if key == "bounds":
+            return a
+        if key == "counts":
+            return [x + y for x, y in zip(a, b, strict=True)]
+        return a + b
+    return a
