@@ -8,10 +8,11 @@ token, plus a byte-level BPE tokenizer trained locally with `tokenizers` on gene
 result lives in a cache directory named after a short hash of the recipe and the seed
 (``<repo>/.cache/retire/default-model-<hash>`` unless ``$RETIRE_CACHE`` or ``cache_dir`` says
 otherwise), is reused when complete, and is written atomically (temporary directory + rename).
-``python -m retire_vllm.default_model [--seed N] [--size tiny|small] [--cache-dir DIR]`` prints
-the path. ``--size small`` builds a larger model of the same recipe (hidden 512, 4 layers), for
-measurements that need an engine step closer to a real model's (the overhead's share of step time);
-the tiny model stays the default everywhere.
+``python -m retire_vllm.default_model [--seed N] [--size tiny|small|hybrid] [--cache-dir DIR]``
+prints the path. ``--size small`` builds a larger model of the same recipe (hidden 512, 4 layers),
+for measurements that need an engine step closer to a real model's (the overhead's share of step
+time); ``--size hybrid`` a tiny Llama that mixes a sliding-window and a full-attention layer (two
+KV cache groups in vLLM); the tiny model stays the default everywhere.
 """
 
 from __future__ import annotations
@@ -69,7 +70,12 @@ SIZES: Final[dict[str, dict[str, Any]]] = {
         "num_key_value_heads": 4,
         "head_dim": 64,
     },
+    # a Llama of the tiny shape whose first layer attends through a 64-token sliding window and
+    # whose second attends to everything: vLLM builds two KV cache groups for it
+    "hybrid": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 64},
 }
+#: Architecture per size (the others are Qwen3, which cannot mix attention types in vLLM 0.32).
+ARCHITECTURES: Final[dict[str, str]] = {"hybrid": "LlamaForCausalLM"}
 
 
 def model_config(size: str = "tiny") -> dict[str, Any]:
@@ -170,7 +176,7 @@ def recipe(size: str = "tiny") -> dict[str, Any]:
     has no size entry, so its hash, and its cache directory, predate the sizes.)"""
     out: dict[str, Any] = {
         "recipe_version": RECIPE_VERSION,
-        "architecture": "Qwen3ForCausalLM",
+        "architecture": ARCHITECTURES.get(size, "Qwen3ForCausalLM"),
         "model_config": model_config(size),
         "init_std": INIT_STD,
         "tokenizer": {"kind": "byte-level-bpe", "vocab_size": VOCAB_SIZE, "eos": EOS_TOKEN},
@@ -248,15 +254,23 @@ def _build_tokenizer(seed: int, out_dir: Path) -> None:
 
 def _build_model(seed: int, out_dir: Path, size: str = "tiny") -> None:
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
-    config = Qwen3Config(**model_config(size))
+    llama = ARCHITECTURES.get(size) == "LlamaForCausalLM"
+    config = (LlamaConfig if llama else Qwen3Config)(**model_config(size))
     config.dtype = torch.float32
+    model_cls: Any = LlamaForCausalLM if llama else Qwen3ForCausalLM
     with torch.device("meta"):
-        skeleton = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
+        skeleton = model_cls(config)
     # Weights come from our own generator in sorted name order, not from transformers' init code,
     # so that they depend only on (seed, shapes) and not on library internals.
     gen = torch.Generator().manual_seed(seed)
@@ -268,7 +282,7 @@ def _build_model(seed: int, out_dir: Path, size: str = "tiny") -> None:
             state[name] = torch.zeros(param.shape, dtype=torch.float32)
         else:
             state[name] = torch.randn(param.shape, generator=gen, dtype=torch.float32) * INIT_STD
-    model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
+    model = model_cls(config)
     missing, unexpected = model.load_state_dict(state, strict=True)
     if missing or unexpected:
         raise RuntimeError(f"state dict mismatch: {missing=} {unexpected=}")

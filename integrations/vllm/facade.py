@@ -146,6 +146,7 @@ class RetireEngine:
         self.kvm: Any = ix.kv_cache_manager(engine)
         self.pool: Any = ix.block_pool(engine)
         self.executor: Any = ix.engine_core(engine).model_executor
+        observe.check_one_kv_cache_group(self.kvm)
         # Every rank's KV cache must be readable block by block (digests, receipts), or the
         # first writer closure would fail mid-run: say so now, before attaching.
         problems = self.executor.collective_rpc(

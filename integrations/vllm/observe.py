@@ -149,6 +149,20 @@ def verify_drafts(
     return events, completed
 
 
+def check_one_kv_cache_group(kvm: Any) -> None:
+    """Retire tracks one KV cache group: refuse, before attaching, an engine whose model mixes
+    attention types (sliding-window and full-attention layers build one group each, and a
+    sliding-window group hands requests the null block for positions outside its window)."""
+    groups = kvm.kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
+        raise IntegrationError(
+            f"this engine has {len(groups)} KV cache groups ({kinds}); Retire certifies, pins "
+            "and adopts the pages of one group only (models that mix attention types are not "
+            "supported yet)"
+        )
+
+
 def restrict_prefix_hit(pool: Any, request: Any, adopted: Sequence[int]) -> int:
     """Before an admitted version's request can be scheduled: its prefix hit must be exactly its
     adopted blocks, mapped under its own block hashes; any other cached block on its hash chain

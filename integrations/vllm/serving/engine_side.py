@@ -123,6 +123,7 @@ class EngineSide:
         self.executor = engine_core.model_executor
         self.kvm = self.scheduler.kv_cache_manager
         self.pool = self.kvm.block_pool
+        observe.check_one_kv_cache_group(self.kvm)
         problems = self.executor.collective_rpc(
             ix.worker_kv_layout_problem, args=(int(self.pool.num_gpu_blocks),)
         )
