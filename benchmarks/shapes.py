@@ -11,13 +11,23 @@ checker's verdict on every successor (tokens and adopted bytes against a clean r
 the same draft model: its layers share the target's KV blocks), the draft window as the core's log
 saw it, and that log validated against the spec when the facade closes. Figures count only from
 runs the checker admits. The workload and its driver (``plans``, ``run_plans``) are also what
-``tests/vllm/test_facade_speculative.py`` runs. What does not live here: how the integration
-reports drafts (``retire_vllm.observe``) and the campaign commands.
+``tests/vllm/test_facade_speculative.py`` runs.
+
+``--serving`` adds the same revisions through ``retire serve`` and the ``openai`` client, in three
+server shapes: plain, speculative (rejecting draft model) and data parallel 2 (two engine cores,
+scopes by affinity). Each predecessor streams; after some of its tokens were read its scope is
+revised. Measured from the client: revision sent to the old stream's end (``superseded``) and to
+the successor's completion, the successor's cached tokens against the common prefix's blocks,
+and its text against an unscoped (cold) run on the same server; the server's core logs (one per
+engine) validate against the spec when it closes. What does not live here: how the integration
+reports drafts (``retire_vllm.observe``), the data-parallel routing (``retire_vllm.serving``) and
+the campaign commands.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import statistics
@@ -252,27 +262,187 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+# --- the serving shapes ---------------------------------------------------------------------------
+
+
+SERVING_SHAPES = ("serve_plain", "serve_spec_rejecting", "serve_dp2")
+
+
+def serving_shapes() -> dict[str, list[str]]:
+    """``retire serve`` options per serving shape."""
+    spec = json.dumps(speculative_config(1))
+    return {
+        "serve_plain": [],
+        "serve_spec_rejecting": ["--speculative-config", spec],
+        "serve_dp2": ["--data-parallel-size", "2"],
+    }
+
+
+async def _revise_mid_stream(base: str, model: str, p: Plan) -> dict[str, Any]:
+    import openai
+
+    from retire_vllm.client import scoped
+
+    c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    try:
+        old = await c.completions.create(
+            model=model,
+            prompt=list(p.pred),
+            max_tokens=2000,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True, **scoped(p.scope)},
+        )
+        read = 0
+        async for _ in old:
+            read += 1
+            if read == max(1, p.after):
+                break
+        start = time.perf_counter()
+        revision = asyncio.ensure_future(
+            c.completions.create(
+                model=model,
+                prompt=list(p.succ),
+                max_tokens=SUCC_MAX,
+                temperature=0,
+                extra_body={"ignore_eos": True, **scoped(p.scope)},
+            )
+        )
+        last = None
+        async for chunk in old:
+            last = chunk
+        old_end = time.perf_counter() - start
+        new = await revision
+        new_done = time.perf_counter() - start
+        cold = await c.completions.create(
+            model=model,
+            prompt=list(p.succ),
+            max_tokens=SUCC_MAX,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        details = new.usage.prompt_tokens_details if new.usage else None
+        return {
+            "old_finish": last.choices[0].finish_reason if last is not None else None,
+            "old_end_ms": old_end * 1e3,
+            "new_done_ms": new_done * 1e3,
+            "cached_tokens": int(details.cached_tokens or 0) if details else 0,
+            "matches_cold": new.choices[0].text == cold.choices[0].text,
+        }
+    finally:
+        await c.close()
+
+
+def run_serving_shape(shape: str, options: list[str], seeds: Sequence[int]) -> dict[str, Any]:
+    """One ``retire serve`` for ``shape``; each seed's plans revised mid-stream, one at a time."""
+    import httpx
+
+    from retire_bench.servers import RetireServer
+    from retire_vllm import identity
+
+    row: dict[str, Any] = {"shape": shape, "errors": []}
+    old_end: list[float] = []
+    new_done: list[float] = []
+    admitted = successors = cached = reusable = 0
+    tmp = Path(tempfile.mkdtemp(prefix=f"retire-{shape}-"))
+    server = RetireServer(tmp, options)
+    try:
+        for seed in seeds:
+            for p in plans(seed):
+                successors += 1
+                r = asyncio.run(_revise_mid_stream(server.base, server.model, p))
+                httpx.post(f"{server.scope_url(p.scope)}/cancel")
+                if r["old_finish"] != "superseded" or not r["matches_cold"]:
+                    row["errors"].append(f"{p.scope}: {r}")
+                    continue
+                admitted += 1
+                old_end.append(round(r["old_end_ms"], 2))
+                new_done.append(round(r["new_done_ms"], 2))
+                cached += r["cached_tokens"]
+                reusable += identity.expected_adopted_blocks(p.pred, p.succ, 32) * 32
+        server.check_clean()
+    except Exception as err:
+        row["errors"].append(f"{type(err).__name__}: {err}")
+    finally:
+        try:
+            row["core_logs"] = server.close()  # validates every engine's core log
+        except AssertionError as err:
+            row["errors"].append(str(err)[:2000])
+    row.update(
+        successors=successors,
+        checker_admitted=admitted,
+        revision_to_old_stream_end_ms=_summary(old_end),
+        revision_to_successor_done_ms=_summary(new_done),
+        cached_tokens=cached,
+        reusable_tokens=reusable,
+    )
+    return row
+
+
+SERVING_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("shape", lambda r: r["shape"]),
+    ("admitted", lambda r: f"{r['checker_admitted']}/{r['successors']}"),
+    ("old stream end p50 ms", lambda r: str(r["revision_to_old_stream_end_ms"]["p50"])),
+    ("max ms", lambda r: str(r["revision_to_old_stream_end_ms"]["max"])),
+    ("successor done p50 ms", lambda r: str(r["revision_to_successor_done_ms"]["p50"])),
+    ("cached/reusable tokens", lambda r: f"{r['cached_tokens']}/{r['reusable_tokens']}"),
+    ("core logs", lambda r: "valid" if not r["errors"] else "-"),
+)
+
+
+def serving_table(rows: list[dict[str, Any]]) -> str:
+    head = [title for title, _ in SERVING_COLUMNS]
+    cells = [[cell(r) for _, cell in SERVING_COLUMNS] for r in rows]
+    widths = [max(len(x[i]) for x in [head, *cells]) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in [head, *cells]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m retire_bench.shapes", description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        choices=[*SHAPES, *SERVING_SHAPES],
+        default=list(SHAPES),
+        help="which shapes (default: the in-process ones; --serving adds the serving ones)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the report JSON here")
     parser.add_argument("--core-logs", type=Path, default=None, help="directory for core logs")
+    parser.add_argument(
+        "--serving", action="store_true", help="also the serving shapes (retire serve, openai)"
+    )
     args = parser.parse_args(argv)
+    if args.serving:
+        args.shapes = [*args.shapes, *(s for s in SERVING_SHAPES if s not in args.shapes)]
     from retire_bench.systems import prepare_env
 
     prepare_env()
     logs = args.core_logs or Path(tempfile.mkdtemp(prefix="retire-shapes-"))
     logs.mkdir(parents=True, exist_ok=True)
     rows = []
-    for shape in args.shapes:
+    for shape in (s for s in args.shapes if s in SHAPES):
         print(f"[shapes] {shape} ...", file=sys.stderr, flush=True)
         rows.append(run_shape(shape, args.seeds, logs))
-    print(table(rows))
-    for r in rows:
+    if rows:
+        print(table(rows))
+    serving_rows = []
+    for shape in (s for s in args.shapes if s in SERVING_SHAPES):
+        print(f"[shapes] {shape} ...", file=sys.stderr, flush=True)
+        serving_rows.append(run_serving_shape(shape, serving_shapes()[shape], args.seeds))
+    if serving_rows:
+        print(serving_table(serving_rows))
+    for r in [*rows, *serving_rows]:
         for line in r["errors"][:5]:
             print(f"{r['shape']}: {line}", file=sys.stderr)
-    doc = {"seeds": args.seeds, "rows": rows, "passed": all(not r["errors"] for r in rows)}
+    doc = {
+        "seeds": args.seeds,
+        "rows": rows,
+        "serving_rows": serving_rows,
+        "passed": all(not r["errors"] for r in [*rows, *serving_rows]),
+    }
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
