@@ -62,7 +62,14 @@ GROUPS = {
     "revise": {"supersede"},
     "control": {"pause", "unpause", "cancel", "forget"},
     "run": {"launch", "receipt", "finish"},
-    "pages": {"allocate", "attempt_write", "close_writer", "evict"},
+    "pages": {
+        "allocate",
+        "attempt_write",
+        "attempt_draft",
+        "verify_drafts",
+        "close_writer",
+        "evict",
+    },
     "faults": {"corrupt", "reuse_id"},
 }
 COVERAGE: Counter[str] = Counter()
@@ -92,7 +99,7 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.ls = Lockstep(Universe.of(BOUNDS), step_fn=type(self).step_fn)
         self.enabled: frozenset[str] = frozenset(CATEGORIES)
-        self.budget = Budget(faults=2, partial_writes=True, forget=True)
+        self.budget = Budget(faults=2, partial_writes=True, forget=True, drafts=True)
 
     @initialize(
         disabled=st.sets(st.sampled_from(("faults", "reports", "control"))),
@@ -348,7 +355,7 @@ class LockstepMachine(RuleBasedStateMachine):
             options = [
                 m
                 for m in env_moves(self.ls, self.budget)
-                if m.name in ("allocate", "attempt_write")
+                if m.name in ("allocate", "attempt_write", "attempt_draft")
             ]
             if not options:
                 return
