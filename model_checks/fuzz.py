@@ -210,6 +210,31 @@ class LockstepMachine(RuleBasedStateMachine):
         self._do(ActionInstance("attempt_write", (p, q, True)))
         self._do(ActionInstance("close_writer", (p,)))
 
+    @rule(data=st.data())
+    def speculative_step(self, data: st.DataObject) -> None:
+        """Speculative decoding: a step writes the KV of draft tokens that fill a page the
+        writer owns, then the target verifies them (accepted or rejected), or the writer closes
+        first and the drafts are rolled back; a late verification may follow."""
+        moves = [
+            m
+            for m in self._moves("pages")
+            if m.name == "attempt_draft"
+            and m.args[2]
+            and self.ls.spec_enabled(ActionInstance("write_draft", m.args))
+        ]
+        if not moves:
+            return
+        move = data.draw(st.sampled_from(moves))
+        p = move.args[0]
+        self._do(move)
+        ending = data.draw(st.sampled_from(("accept", "reject", "close")))
+        if ending == "close":
+            self._do(ActionInstance("close_writer", (p,)))
+        else:
+            self._do(ActionInstance("verify_drafts", (p, ending == "accept")))
+        if data.draw(st.booleans()):
+            self._do(ActionInstance("verify_drafts", (p, data.draw(st.booleans()))))
+
     @rule(target=frames, data=st.data())
     def emit(self, data: st.DataObject) -> int:
         moves = [m for m in env_moves(self.ls, self.budget) if m.name == "emit"]
