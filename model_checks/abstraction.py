@@ -101,6 +101,7 @@ _CONTROL_ORDER = (
     "page_gen",
     "page_writer",
     "page_full",
+    "page_draft",
     "page_pos",
     "page_tok",
     "page_fp",
@@ -136,6 +137,7 @@ def abstract_control_cells(
         gen,
         writer,
         full,
+        draft,
         pos,
         tok,
         fp,
@@ -175,6 +177,7 @@ def abstract_control_cells(
         over[p] = page.version
         writer[p] = page.writer_open
         full[p] = page.full
+        draft[p] = page.draft
         pos[p] = page.position
         tok[p] = NO_MATCH if page.prefix is None else int(page.prefix)
         fp[p] = int(page.fingerprint)

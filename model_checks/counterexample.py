@@ -129,6 +129,9 @@ CONFIG = Config(
         reuse_choices={budget.reuse_choices!r},
         pause={budget.pause!r},
         cancel={budget.cancel!r},
+        finish={budget.finish!r},
+        forget={budget.forget!r},
+        drafts={budget.drafts!r},
     ),
     ledger_size={cex.config.ledger_size},
 )

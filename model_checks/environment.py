@@ -3,15 +3,17 @@
 ``env_moves`` lists, for the current joint state of a ``Lockstep``, every legal move: user requests
 (open, supersede, pause, unpause, cancel, forget), engine behaviour (launch, receipt, a version's
 end reported for the current or an older version, emit a frame, deliver any in-flight frame in any
-order, allocate, attempt a write anywhere — including into pages the writer does not own, close a
-writer, evict a page given back to its cache, corrupt a retained page, recycle a retained block id)
-and the engine's answer to a pending byte check. The engine obeys the core's commands (``engine``):
-it launches a participant only for a version an ``Admit`` started and no ``Fence`` stopped since (a
-version that lost authority before any of its participants started was never fenced: its request may
-still arrive, late; a pause may have overtaken it too), and allocates only pages the core's ``Free``
-gave back (or never had); only the budgeted faults break its word. ``Budget`` bounds the moves that
-would otherwise make the world infinite (revisions per scope, faults). The Hypothesis state machine
-and the explorer both draw from this one list.
+order, allocate, attempt a write anywhere — including into pages the writer does not own — of
+verified or (``Budget.drafts``) of speculative draft tokens, verify a page's drafts (accepted,
+rejected, repeated or late), close a writer, evict a page given back to its cache, corrupt a
+retained page, recycle a retained block id) and the engine's answer to a pending byte check. The
+engine obeys the core's commands (``engine``): it launches a participant only for a version an
+``Admit`` started and no ``Fence`` stopped since (a version that lost authority before any of its
+participants started was never fenced: its request may still arrive, late; a pause may have
+overtaken it too), and allocates only pages the core's ``Free`` gave back (or never had); only the
+budgeted faults break its word. ``Budget`` bounds the moves that would otherwise make the world
+infinite (revisions per scope, faults). The Hypothesis state machine and the explorer both draw from
+this one list.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class Budget:
     # allocates pages anew, so generations grow without bound; runs bounded by their length
     # (Hypothesis) take it, the exhaustive explorer does not
     forget: bool = False
+    # speculative decoding: write attempts of unverified draft tokens (gated by the core like
+    # any write) and the target model's verification of a page's drafts, accepted or rejected,
+    # offered on every allocated page (twice, or after its writer closed: late, a stutter)
+    drafts: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -70,6 +76,8 @@ class _Table:
     allocate: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q] -> positions
     write_any: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q], partial if allowed
     write_done: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q], completing only
+    draft: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q]: filling or not
+    verify: tuple[tuple[ActionInstance, ...], ...]  # [p]: accepted (fills) or rejected
     close_writer: tuple[ActionInstance, ...]
     evict: tuple[ActionInstance, ...]
     faults: tuple[tuple[ActionInstance, ...], ...]  # [p] -> corrupt, reuse_id
@@ -107,6 +115,10 @@ def _table(b: Bounds, budget: Budget) -> _Table:
             tuple(tuple(A("attempt_write", (p, q, d)) for d in dones) for q in Q) for p in P
         ),
         write_done=tuple(tuple((A("attempt_write", (p, q, True)),) for q in Q) for p in P),
+        draft=tuple(
+            tuple(tuple(A("attempt_draft", (p, q, d)) for d in (True, False)) for q in Q) for p in P
+        ),
+        verify=tuple(tuple(A("verify_drafts", (p, d)) for d in (True, False)) for p in P),
         close_writer=tuple(A("close_writer", (p,)) for p in P),
         evict=tuple(A("evict", (p,)) for p in P),
         faults=tuple((A("corrupt", (p,)), A("reuse_id", (p,))) for p in P),
@@ -180,9 +192,17 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
                 moves.extend(t.write_any[p][q])
             elif alloc[p]:
                 moves.extend(t.write_done[p][q])
+            if budget.drafts:
+                # drafts are written where verified tokens would be: anywhere (the gate decides;
+                # into a page it fences, whether the drafts would fill it changes nothing)
+                drafts = t.draft[p][q]
+                moves.extend(drafts if alloc[p] and writer[p] else drafts[:1])
     for p in range(b.pages):
         if alloc[p] and writer[p]:
             moves.append(t.close_writer[p])
+        if budget.drafts and alloc[p]:
+            # the target's verification, also when it is late (no drafts left, writer closed)
+            moves.extend(t.verify[p])
         # only a page the core gave back to the cache (``ReleaseToCache``: ``engine.obey``
         # keeps the engine's cache equal to the pages nothing references or pins)
         if budget.finish and alloc[p] and not writer[p] and ls.spec_enabled(t.evict[p]):

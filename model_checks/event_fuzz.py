@@ -2,7 +2,8 @@
 
 ``run_trace`` drives one ``retire_core.Retire`` through an engine trace synthesized from the
 core's own state, step by step: what an engine would plausibly report next (submits, launches,
-page allocations and writes, writer closures, frames of current and retired versions, revisions
+page allocations and writes (of verified or of speculative draft tokens), the verification of
+drafts (also repeated or late), writer closures, frames of current and retired versions, revisions
 in bursts, receipts, byte-check reports, finishes, evictions, cancels and forgets). With the
 plan's probability each event is mutated instead (a wrong scope, version, participant, page or
 digest; a version from the future or the past; a replay of an earlier event, duplicated or out
@@ -270,7 +271,21 @@ class _Trace:
         if not open_pages:
             return None
         p, r = self.rng.choice(open_pages)
-        return rc.WriteAttempted(r.owner, r.version, r.participant, p, self.rng.random() < 0.7)
+        rng = self.rng
+        # a speculative step writes draft tokens first (verified later, or rolled back)
+        return rc.WriteAttempted(
+            r.owner, r.version, r.participant, p, rng.random() < 0.7, draft=rng.random() < 0.3
+        )
+
+    def _verify(self, state: CoreState) -> Any:
+        """The target's verification of a page's drafts: usually of a page holding some, now
+        and then a repeated or late one (no drafts left, or the writer closed)."""
+        if not state.pages:
+            return None
+        rng = self.rng
+        drafted = [p for p, r in state.pages.items() if r.draft]
+        pages = drafted if drafted and rng.random() < 0.8 else list(state.pages)
+        return rc.DraftsVerified(rng.choice(pages), rng.random() < 0.6)
 
     def _close(self, state: CoreState) -> Any:
         open_pages = [p for p, r in state.pages.items() if r.writer_open]
@@ -352,6 +367,8 @@ class _Trace:
         event = self._some(state, "page")
         if event is None or rng.random() < 0.4:
             cls = rng.choice((rc.PageEvicted, rc.PageReused))
+            if rng.random() < 0.15:
+                return rc.DraftsVerified(page, rng.random() < 0.5)
             return cls(page) if rng.random() < 0.7 else rc.WriterClosed(page, "d")
         return attrs.evolve(event, page=page)
 
@@ -572,13 +589,14 @@ _MOVES: tuple[Callable[[_Trace, CoreState], Any], ...] = (
     _Trace._frame,
     _Trace._allocate,
     _Trace._write,
+    _Trace._verify,
     _Trace._close,
     _Trace._report,
     _Trace._finish,
     _Trace._evict,
 )
 # Frames and writes dominate real traces; revisions come in bursts.
-_WEIGHTS = (4, 3, 2, 7, 10, 25, 10, 14, 10, 10, 4, 8)
+_WEIGHTS = (4, 3, 2, 7, 10, 25, 10, 14, 5, 10, 10, 4, 8)
 _MUTATIONS: dict[str, Callable[[_Trace, CoreState], Any]] = {
     name: getattr(_Trace, f"_m_{name}") for name in FAMILIES
 }

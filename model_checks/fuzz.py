@@ -62,7 +62,14 @@ GROUPS = {
     "revise": {"supersede"},
     "control": {"pause", "unpause", "cancel", "forget"},
     "run": {"launch", "receipt", "finish"},
-    "pages": {"allocate", "attempt_write", "close_writer", "evict"},
+    "pages": {
+        "allocate",
+        "attempt_write",
+        "attempt_draft",
+        "verify_drafts",
+        "close_writer",
+        "evict",
+    },
     "faults": {"corrupt", "reuse_id"},
 }
 COVERAGE: Counter[str] = Counter()
@@ -92,7 +99,7 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.ls = Lockstep(Universe.of(BOUNDS), step_fn=type(self).step_fn)
         self.enabled: frozenset[str] = frozenset(CATEGORIES)
-        self.budget = Budget(faults=2, partial_writes=True, forget=True)
+        self.budget = Budget(faults=2, partial_writes=True, forget=True, drafts=True)
 
     @initialize(
         disabled=st.sets(st.sampled_from(("faults", "reports", "control"))),
@@ -202,6 +209,31 @@ class LockstepMachine(RuleBasedStateMachine):
         self._do(move)
         self._do(ActionInstance("attempt_write", (p, q, True)))
         self._do(ActionInstance("close_writer", (p,)))
+
+    @rule(data=st.data())
+    def speculative_step(self, data: st.DataObject) -> None:
+        """Speculative decoding: a step writes the KV of draft tokens that fill a page the
+        writer owns, then the target verifies them (accepted or rejected), or the writer closes
+        first and the drafts are rolled back; a late verification may follow."""
+        moves = [
+            m
+            for m in self._moves("pages")
+            if m.name == "attempt_draft"
+            and m.args[2]
+            and self.ls.spec_enabled(ActionInstance("write_draft", m.args))
+        ]
+        if not moves:
+            return
+        move = data.draw(st.sampled_from(moves))
+        p = move.args[0]
+        self._do(move)
+        ending = data.draw(st.sampled_from(("accept", "reject", "close")))
+        if ending == "close":
+            self._do(ActionInstance("close_writer", (p,)))
+        else:
+            self._do(ActionInstance("verify_drafts", (p, ending == "accept")))
+        if data.draw(st.booleans()):
+            self._do(ActionInstance("verify_drafts", (p, data.draw(st.booleans()))))
 
     @rule(target=frames, data=st.data())
     def emit(self, data: st.DataObject) -> int:
@@ -348,7 +380,7 @@ class LockstepMachine(RuleBasedStateMachine):
             options = [
                 m
                 for m in env_moves(self.ls, self.budget)
-                if m.name in ("allocate", "attempt_write")
+                if m.name in ("allocate", "attempt_write", "attempt_draft")
             ]
             if not options:
                 return

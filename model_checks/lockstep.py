@@ -164,6 +164,7 @@ _TRANSITION_CHECKS: dict[str, tuple[str, str]] = {
     "publish": ("Publish", "frame"),
     "drop": ("Drop", "frame"),
     "write": ("AllowWrite", "page"),
+    "write_draft": ("AllowWrite", "page"),
     "fence_write": ("FenceWrite", "page"),
     "free": ("Free", "page"),
     "adopt": ("Adopt", "page"),
@@ -198,6 +199,38 @@ def launched_after(
         else:
             out[q] = sv
     return out
+
+
+_WRITES = ("write", "write_draft", "fence_write")
+_VERIFICATIONS = ("verify_drafts", "stale_verify")
+
+
+def _misreported(event: Any, transitions: Sequence[rc.Transition]) -> str:
+    """What the core's transitions say the engine did, where that is not what the event
+    reported (the spec steps take the world's part of a write, its bytes, from the
+    transitions, so a core that logs a draft write as a verified one, or a rejected
+    verification as an accepted one, would otherwise pass unseen); "" when they agree. A write
+    attempt is one ``write`` (``write_draft`` for drafts) or ``fence_write`` of its page,
+    participant and completion; a verification one ``verify_drafts`` or ``stale_verify`` of
+    its page and verdict."""
+    t = type(event)
+    if t is rc.WriteAttempted:
+        kinds = ("write_draft" if event.draft else "write", "fence_write")
+        found = [x for x in transitions if x.action in _WRITES]
+        want = (event.page, event.participant, event.completes)
+        if len(found) != 1 or found[0].action not in kinds:
+            return f"the write attempt {event} was logged as {[x.action for x in found]}"
+        x = found[0]
+        if (x.arg("page"), x.arg("participant"), x.arg("completes")) != want:
+            return f"the write attempt {event} was logged as {x.action} with {x.args}"
+    elif t is rc.DraftsVerified:
+        found = [x for x in transitions if x.action in _VERIFICATIONS]
+        if len(found) != 1 or (found[0].arg("page"), found[0].arg("completes")) != (
+            event.page,
+            event.completes,
+        ):
+            return f"the verification {event} was logged as {[(x.action, x.args) for x in found]}"
+    return ""
 
 
 class Lockstep:
@@ -391,7 +424,7 @@ class Lockstep:
         """Whether the spec lets the engine/user do this (the core must then accept it)."""
         if inst.name == "deliver":
             return bool(self.spec["frame_state"][inst.args[0]] == IN_FLIGHT)
-        if inst.name == "attempt_write":
+        if inst.name == "attempt_write" or inst.name == "attempt_draft":
             q = inst.args[1]
             return bool(self.spec["part_used"][q] and not self.spec["part_closed"][q])
         if inst.name == "finish":
@@ -471,7 +504,7 @@ class Lockstep:
         key = id(inst)
         if n == "receipt":
             return (inst, BY_LAUNCH, fault, key, a[0])
-        if n == "allocate" or n == "attempt_write":
+        if n == "allocate" or n == "attempt_write" or n == "attempt_draft":
             return (inst, BY_LAUNCH, fault, key, a[1])
         if n == "deliver":
             return (inst, BY_FRAME, fault, key, a[0])
@@ -485,7 +518,7 @@ class Lockstep:
         key: Any = id(inst)
         if n == "receipt":
             return (key, self.launched.get(a[0]))
-        if n == "allocate" or n == "attempt_write":
+        if n == "allocate" or n == "attempt_write" or n == "attempt_draft":
             return (key, self.launched.get(a[1]))
         if n == "deliver":
             f = a[0]
@@ -536,10 +569,15 @@ class Lockstep:
             p, q, i = a
             s, v = self.launched[q]
             return rc.PageAllocated(u.scopes[s], v, u.parts[q], p, i)
-        if n == "attempt_write":
+        if n == "attempt_write" or n == "attempt_draft":
             p, q, done = a
             s, v = self.launched[q]
-            return rc.WriteAttempted(u.scopes[s], v, u.parts[q], p, done)
+            return rc.WriteAttempted(
+                u.scopes[s], v, u.parts[q], p, done, draft=n == "attempt_draft"
+            )
+        if n == "verify_drafts":
+            p, done = a
+            return rc.DraftsVerified(p, done)
         if n == "close_writer":
             (p,) = a
             return rc.WriterClosed(p, str(self.spec["page_data"][p]))
@@ -661,6 +699,9 @@ class Lockstep:
             raise RefinementError(
                 f"the engine cannot obey the commands: {err} (after {self._last()})"
             ) from err
+        wrong = _misreported(event, result.transitions)
+        if wrong:
+            raise RefinementError(f"{wrong} (after {self._last()})")
         steps = tuple([si for si, _ in compiled])
         outcome = Outcome(result.commands, result.transitions, steps)
         return (state, outcome, tuple(launches), pins, tuple(compiled), ops)
@@ -701,10 +742,12 @@ class Lockstep:
             return ActionInstance(
                 n, (t.arg("page"), u.part_slot(t.arg("participant")), t.arg("position"))
             )
-        if n in ("write", "fence_write"):
+        if n in ("write", "write_draft", "fence_write"):
             return ActionInstance(
                 n, (t.arg("page"), u.part_slot(t.arg("participant")), t.arg("completes"))
             )
+        if n == "verify_drafts":
+            return ActionInstance(n, (t.arg("page"), t.arg("completes")))
         if n in ("close_writer", "unhold", "free", "reuse_id", "evict"):
             return ActionInstance(n, (t.arg("page"),))
         if n in ("certify", "adopt", "release"):

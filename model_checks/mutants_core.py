@@ -243,6 +243,29 @@ def _candidates_any_owner(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
     return by_position
 
 
+_on_write = handlers.on_write
+_on_drafts_verified = handlers.on_drafts_verified
+
+
+def _closed_keeping_drafts(txn: Any, ev: rc.WriterClosed) -> None:
+    """The writer closes as before drafts existed: a block filled by unverified drafts stays
+    complete (the drafts are forgotten, not rolled back), so ALIGN may certify it."""
+    page = txn.pages.get(ev.page)
+    if page is None or not page.writer_open or not page.draft:
+        handlers.on_writer_closed(txn, ev)
+        return
+    txn.pages[ev.page] = evolve_record(page, draft=False)
+    handlers.on_writer_closed(txn, ev)
+
+
+def _write_ignoring_drafts(txn: Any, ev: rc.WriteAttempted) -> None:
+    _on_write(txn, attrs.evolve(ev, draft=False))  # drafts handled as verified tokens
+
+
+def _verify_ignoring_rejection(txn: Any, ev: rc.DraftsVerified) -> None:
+    _on_drafts_verified(txn, attrs.evolve(ev, completes=True))  # rejected drafts complete it
+
+
 def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
     return lambda: mock.patch.object(target, name, value)
 
@@ -680,5 +703,29 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "ALIGN certifies and pins even when the contract says reuse is not worth it",
         (_C["chain"],),
         _p(handoff, "certify_prefix", _certify_cold_too),
+    ),
+    Mutant(
+        "drafts_not_rolled_back",
+        "certifying unverified drafts",
+        "core",
+        "a writer closing over unverified drafts keeps the page complete (certifiable)",
+        (_C["drafts"],),
+        _handler(rc.WriterClosed, _closed_keeping_drafts),
+    ),
+    Mutant(
+        "draft_write_as_verified",
+        "certifying unverified drafts",
+        "core",
+        "a write of draft tokens is taken as a write of verified ones",
+        (_C["drafts"],),
+        _handler(rc.WriteAttempted, _write_ignoring_drafts),
+    ),
+    Mutant(
+        "rejected_drafts_complete",
+        "certifying rejected drafts",
+        "core",
+        "a verification that rejects a page's drafts still marks the page complete",
+        (_C["drafts"],),
+        _handler(rc.DraftsVerified, _verify_ignoring_rejection),
     ),
 )

@@ -144,6 +144,18 @@ def _cancel_admitting(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
     return effect
 
 
+def _close_keeping_drafts(I: Interp, st: SpecState, p: Val) -> dict[str, Val]:
+    effect = A.close_writer_effect(I, st, p)
+    del effect["page_full"]  # a page full of unverified drafts stays a completed block
+    return effect
+
+
+def _verify_ignoring_rejection(I: Interp, st: SpecState, p: Val, done: Val) -> dict[str, Val]:
+    effect = A.verify_drafts_effect(I, st, p, done)
+    effect["page_full"] = I.store(st["page_full"], p, I.lit(True))  # rejected drafts: complete
+    return effect
+
+
 SPEC_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "spec_stale_token_published",
@@ -278,5 +290,21 @@ SPEC_MUTANTS: tuple[Mutant, ...] = (
         "cancel moves the scope to a new, admitted version",
         (SPEC_ONE,),
         actions=_replace("cancel", effect=_cancel_admitting),
+    ),
+    Mutant(
+        "spec_unverified_drafts_certified",
+        "certifying unverified drafts",
+        "spec",
+        "a writer closing over unverified drafts keeps the page a completed block",
+        (SPEC_ONE,),
+        actions=_replace("close_writer", effect=_close_keeping_drafts),
+    ),
+    Mutant(
+        "spec_rejected_drafts_complete",
+        "certifying rejected drafts",
+        "spec",
+        "a verification that rejects a page's drafts still marks the page complete",
+        (SPEC_ONE,),
+        actions=_replace("verify_drafts", effect=_verify_ignoring_rejection),
     ),
 )

@@ -23,6 +23,7 @@ CORE_TRANSITIONS = (
     "transition:fence",
     "transition:late_report",
     "transition:late_finish",
+    "transition:stale_verify",
 )
 ENV_MOVES = tuple(
     f"move:{m}"
@@ -39,6 +40,8 @@ ENV_MOVES = tuple(
         "deliver",
         "allocate",
         "attempt_write",
+        "attempt_draft",
+        "verify_drafts",
         "close_writer",
         "evict",
         "corrupt",
@@ -83,6 +86,8 @@ PATHS = (
     "path:finish_frees_pages",  # a version's end frees what no revision could inherit
     "path:finish_caches_pages",  # ... and gives its completed pages back to the engine's cache
     "path:revise_after_finish",  # a finished scope revised: the next version starts
+    "path:drafts_rejected",  # a verification rejects drafts: the page is incomplete again
+    "path:drafts_rolled_back",  # a writer closes over unverified drafts: they are rolled back
 )
 # every command class the core can emit, met by the engine's checks (``engine.obey``)
 COMMANDS = tuple(f"command:{name}" for name in COMMANDS_CHECKED)
@@ -107,6 +112,10 @@ def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
         if found is None:
             found = _TRANSITION_HITS[sig] = _transition_hits(t)
         hits.extend(found)
+        if a == "verify_drafts" and not t.arg("completes"):
+            hits.append("path:drafts_rejected")
+        elif a == "close_writer" and len(t.changed) > 1:  # ``full`` and ``draft`` changed too
+            hits.append("path:drafts_rolled_back")
     if "adopt" in actions and "release" in actions:
         hits.append("path:partial_adoption")
     if "finish" in actions and "free" in actions:

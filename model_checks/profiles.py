@@ -64,6 +64,22 @@ QUICK = Profile(
             Bounds(2, 2, 0, 1, 1, 1, ((1,),), (0, 0)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
         ),
+        # Speculative decoding: draft writes, verification accepted, rejected, repeated and late,
+        # writers closing over unverified drafts, across chains of two revisions with handoffs
+        # and a fault. (Draft moves in every configuration above would cost 79% more states
+        # and 125% more time; this world alone adds 8% and 14%.)
+        Config(
+            "drafts",
+            Bounds(1, 2, 0, 1, 1, 2, ((1,), (2,)), (0,)),
+            Budget(
+                faults=1,
+                frame_kinds=TOKEN_ONLY,
+                reuse_choices=(True,),
+                drafts=True,
+                **_NO_CONTROL,
+            ),
+            ledger_size=1,
+        ),
     ),
     ALL_PROBES,
 )
@@ -165,6 +181,33 @@ FULL = Profile(
             "tenants-chain",
             Bounds(2, 2, 1, 1, 1, 2, ((1,), (2,)), (0, 1)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            ledger_size=1,
+        ),
+        # speculative decoding over chains of two revisions (as in the quick profile)
+        Config(
+            "drafts",
+            Bounds(1, 2, 0, 1, 1, 2, ((1,), (2,)), (0,)),
+            Budget(
+                faults=1,
+                frame_kinds=TOKEN_ONLY,
+                reuse_choices=(True,),
+                drafts=True,
+                **_NO_CONTROL,
+            ),
+            ledger_size=1,
+        ),
+        # speculative decoding under two-block handoffs: a draft page next to a verified one,
+        # certification cut where drafts were rolled back, a fault
+        Config(
+            "drafts-handoff",
+            Bounds(1, 2, 0, 2, 2, 1, ((1, 2),), (0,)),
+            Budget(
+                faults=1,
+                frame_kinds=TOKEN_ONLY,
+                reuse_choices=(True,),
+                drafts=True,
+                **_NO_CONTROL,
+            ),
             ledger_size=1,
         ),
     ),

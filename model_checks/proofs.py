@@ -37,12 +37,16 @@ PROVED, VIOLATED, UNKNOWN = "proved", "violated", "unknown"
 
 
 def _open_full_pages_honest(I: Interp, st: SpecState) -> Val:
-    """A completed block whose writer is still open holds its own prefix's bytes."""
+    """A completed block whose writer is still open and that holds no unverified drafts holds
+    its own prefix's bytes."""
     return I.forall(
         "Page",
         lambda p: I.implies(
             I.and_(
-                I.get(st["page_alloc"], p), I.get(st["page_writer"], p), I.get(st["page_full"], p)
+                I.get(st["page_alloc"], p),
+                I.get(st["page_writer"], p),
+                I.get(st["page_full"], p),
+                I.not_(I.get(st["page_draft"], p)),
             ),
             I.eq(I.get(st["page_data"], p), I.get(st["page_tok"], p)),
         ),
@@ -60,17 +64,6 @@ def _closed_full_digest_honest(I: Interp, st: SpecState) -> Val:
                 I.get(st["page_full"], p),
             ),
             I.eq(I.get(st["page_digest"], p), I.get(st["page_tok"], p)),
-        ),
-    )
-
-
-def _certified_digest_honest(I: Interp, st: SpecState) -> Val:
-    """A pinned page's certified digest is its prefix's bytes."""
-    return I.forall(
-        "Page",
-        lambda p: I.implies(
-            I.get(st["page_pinned"], p),
-            I.eq(I.get(st["page_cert_digest"], p), I.get(st["page_tok"], p)),
         ),
     )
 
@@ -121,18 +114,13 @@ AUX: tuple[Invariant, ...] = (
     ),
     Invariant(
         "aux_open_full_pages_honest",
-        "alloc(p) ∧ writer(p) ∧ full(p) ⇒ data(p) = tok(p)",
+        "alloc(p) ∧ writer(p) ∧ full(p) ∧ ¬draft(p) ⇒ data(p) = tok(p)",
         _open_full_pages_honest,
     ),
     Invariant(
         "aux_closed_full_digest_honest",
         "alloc(p) ∧ ¬writer(p) ∧ full(p) ⇒ digest(p) = tok(p)",
         _closed_full_digest_honest,
-    ),
-    Invariant(
-        "aux_certified_digest_honest",
-        "pinned(p) ⇒ cert_digest(p) = tok(p)",
-        _certified_digest_honest,
     ),
     Invariant(
         "aux_page_fp_is_owner_fp",
@@ -549,8 +537,9 @@ def describe_cti(
 # --- replaying a BMC trace through the core ------------------------------------------------------
 
 # Spec actions the trace hands to the core unchanged: what users and the engine do (a write is
-# replayed as a write attempt, so that the core's write gate decides it).
-_ENV = frozenset(a.name for a in ACTIONS if a.actor != "core") - {"write"}
+# replayed as a write attempt, a draft write as a draft write attempt, so that the core's write
+# gate decides it).
+_ENV = frozenset(a.name for a in ACTIONS if a.actor != "core") - {"write", "write_draft"}
 
 
 def replay_on_core(conc: Concretizer, steps: Sequence[ActionInstance]) -> str:
@@ -592,6 +581,8 @@ def replay_on_core(conc: Concretizer, steps: Sequence[ActionInstance]) -> str:
                 move = ActionInstance("deliver", step.args)
             elif step.name in ("write", "fence_write"):
                 move = ActionInstance("attempt_write", step.args)
+            elif step.name == "write_draft":
+                move = ActionInstance("attempt_draft", step.args)
             elif step.name in ("adopt", "release", "resume") and step.args[0] in (
                 ls.pending_reports
             ):
@@ -619,7 +610,7 @@ def _legal_env(ls: Any, move: ActionInstance) -> bool:
         return move.args[0] in ls.pending_reports
     if move.name == "deliver":
         return bool(ls.spec["frame_state"][move.args[0]] == IN_FLIGHT)
-    if move.name == "attempt_write":
+    if move.name == "attempt_write" or move.name == "attempt_draft":
         q = move.args[1]
         return bool(ls.spec["part_used"][q] and not ls.spec["part_closed"][q])
     if move.name == "finish":  # the env's move names the version, the spec's action does not

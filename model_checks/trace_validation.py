@@ -15,7 +15,8 @@ deduplicated). Each logged transition must be allowed by the spec's guard in at 
 state, every invariant must hold afterwards, and the logged fields the spec determines (generations,
 versions, the certified digest, inheritability) must agree with it, and an adopted page's reported
 digest must be the one its writer closed with; stutters (``fence``, ``late_report``,
-``late_finish``) must concern a version without authority. The first line at which no candidate
+``late_finish``) must concern a version without authority, and a ``stale_verify`` a tracked page
+holding no drafts under an open writer. The first line at which no candidate
 survives is reported with the reason. What does not live here: the structlog configuration (the
 caller's) and the CLI (``cli_checks``).
 """
@@ -53,7 +54,7 @@ from retire_spec.schema import (
 
 EVENT = "retire.transition"
 KINDS = {"token": FRAME_KINDS[0], "commit": FRAME_KINDS[1], "install": FRAME_KINDS[2]}
-STUTTERS = frozenset({"fence", "late_report", "late_finish"})
+STUTTERS = frozenset({"fence", "late_report", "late_finish", "stale_verify"})
 KNOWN = frozenset(ACTION_BY_NAME) - {"emit", "corrupt"} | STUTTERS
 
 
@@ -228,8 +229,10 @@ class Validator:
             return [A(t, (0,))]
         if t == "allocate":
             return [A(t, (self._page(r), self._part(r), int(r.need("position"))))]
-        if t in ("write", "fence_write"):
+        if t in ("write", "write_draft", "fence_write"):
             return [A(t, (self._page(r), self._part(r), bool(r.need("completes"))))]
+        if t == "verify_drafts":
+            return [A(t, (self._page(r), bool(r.need("completes"))))]
         if t in ("close_writer", "reuse_id", "unhold", "free", "evict"):
             return [A(t, (self._page(r),))]
         if t in ("certify", "adopt", "release"):
@@ -322,6 +325,9 @@ class Validator:
         return st.replace(action.effect(self.I, st, p))
 
     def _stutter(self, r: Record, candidates: list[SpecState]) -> None:
+        if r.data["transition"] == "stale_verify":
+            self._stale_verify(r, candidates)
+            return
         s = self._scope(r)
         v = int(r.need("version"))
         st = candidates[0]  # control columns agree across candidates (only world differs)
@@ -332,6 +338,23 @@ class Validator:
                 r.line,
                 f"{r.data['transition']} for {r.data['scope']}@{v}, which still holds "
                 f"authority (current version {epoch}, mode {_MODE_NAMES.get(mode, mode)})",
+            )
+
+    def _stale_verify(self, r: Record, candidates: list[SpecState]) -> None:
+        """A verification of drafts that changes nothing: the page must be tracked and hold no
+        drafts, or its writer must have closed (a repeated or late verification)."""
+        page = r.need("page")
+        if not self.pages.known(page):
+            raise TraceError(r.line, f"stale_verify of page {page!r}, which is unknown")
+        p = self.pages(page)
+        st = candidates[0]  # control columns agree across candidates (only world differs)
+        if not st["page_alloc"][p]:
+            raise TraceError(r.line, f"stale_verify of page {page!r}, which is not allocated")
+        if st["page_draft"][p] and st["page_writer"][p]:
+            raise TraceError(
+                r.line,
+                f"stale_verify of page {page!r}, which holds drafts under an open writer: "
+                "the verification should have settled them",
             )
 
     def _record_facts(self, r: Record, insts: list[ActionInstance]) -> None:
@@ -444,8 +467,10 @@ class Validator:
             return f"{what}: the spec does not allow it" + (
                 f" ({'; '.join(facts)})" if facts else ""
             )
-        if t in ("write",):
+        if t in ("write", "write_draft"):
             return f"{what}: the writer does not own an open page of its own version"
+        if t == "verify_drafts":
+            return f"{what}: the page holds no drafts under an open writer"
         if t in ("unhold", "free"):
             return f"{what}: the page is still referenced, pinned or of a live version"
         return f"{what}: the spec does not allow it here"

@@ -4,7 +4,8 @@ Every state change the core makes is reported as one ``Transition`` whose ``acti
 of the spec action it implements (``publish``, ``certify``, ``adopt``, ``free`` ...), or a
 *stutter* that changes no abstract state but is still worth a log line (``fence`` asks the engine
 to stop retired work; ``late_report`` ignores a byte check for a superseded successor,
-``late_finish`` a finish report for a version that no longer holds authority). Each
+``late_finish`` a finish report for a version that no longer holds authority, ``stale_verify``
+a verification of drafts that a page no longer holds: repeated, or after its writer closed). Each
 transition becomes exactly one structlog event, and the same records drive the refinement check
 and trace validation. The table of which events each scope state accepts lives in ``table``.
 """
@@ -29,7 +30,7 @@ class Stage(enum.Enum):
     CONTROL = "control"
 
 
-STUTTERS = frozenset({"fence", "late_report", "late_finish"})
+STUTTERS = frozenset({"fence", "late_report", "late_finish", "stale_verify"})
 
 
 class Transition(NamedTuple):

@@ -2,10 +2,11 @@
 
 Every way the abstract state may change is listed in ``ACTIONS``: what a user asks for (open,
 supersede, pause, unpause, cancel, forget), what the engine does on its own (launch, emit, write
-attempts, receipts, a version running to its end, cache evictions, page faults) and what the
-protocol decides (publish or drop a frame, fence a write, certify, adopt, release, resume, unhold,
-free). Guards and effects are functions of an interpretation, so the same text is evaluated
-concretely (refinement, trace validation, the explorers) and symbolically (the Z3 proofs). The rules
+attempts of verified or of speculative draft tokens, the verification of drafts, receipts, a
+version running to its end, cache evictions, page faults) and what the protocol decides (publish
+or drop a frame, fence a write, certify, adopt, release, resume, unhold, free). Guards and effects
+are functions of an interpretation, so the same text is evaluated concretely (refinement, trace
+validation, the explorers) and symbolically (the Z3 proofs). The rules
 they must respect are stated separately in ``rules`` and ``invariants``.
 """
 
@@ -22,6 +23,7 @@ from .expr import Concrete, Interp, Val
 from .schema import (
     ACTIVE,
     CANCELLED,
+    DRAFT,
     DROPPED,
     FINISHED,
     FRAME_KINDS,
@@ -281,6 +283,7 @@ def allocate_effect(I: Interp, st: SpecState, p: Val, q: Val, i: Val) -> dict[st
         "page_gen": I.store(st["page_gen"], p, I.add(I.get(st["page_gen"], p), I.lit(1))),
         "page_writer": I.store(st["page_writer"], p, I.lit(True)),
         "page_full": I.store(st["page_full"], p, I.lit(False)),
+        "page_draft": I.store(st["page_draft"], p, I.lit(False)),
         "page_pos": I.store(st["page_pos"], p, i),
         "page_tok": I.store(st["page_tok"], p, tok),
         "page_fp": I.store(st["page_fp"], p, I.get(st["scope_fp"], s)),
@@ -306,14 +309,54 @@ def write_guard(I: Interp, st: SpecState, p: Val, q: Val, done: Val) -> Val:
 
 def write_effect(I: Interp, st: SpecState, p: Val, q: Val, done: Val) -> dict[str, Val]:
     """A write lands; ``done`` when it completes the block (its bytes are then the honest
-    content of the page's prefix, abstracted as equal to ``page_tok``)."""
+    content of the page's prefix, abstracted as equal to ``page_tok``). A verified write
+    replaces whatever drafts the page held."""
     ok = rules.retired_state_isolation(I, st, p, q)
     return {
         "page_data": I.store(
             st["page_data"], p, I.ite(done, I.get(st["page_tok"], p), I.lit(GARBAGE))
         ),
         "page_full": I.store(st["page_full"], p, done),
+        "page_draft": I.store(st["page_draft"], p, I.lit(False)),
         "page_write_ok": I.store(st["page_write_ok"], p, I.and_(I.get(st["page_write_ok"], p), ok)),
+    }
+
+
+def write_draft_guard(I: Interp, st: SpecState, p: Val, q: Val, done: Val) -> Val:
+    """Speculative decoding: the step that verifies draft tokens writes their KV first. The
+    isolation gate decides it exactly as it decides a verified write."""
+    return _write_allowed(I, st, p, q)
+
+
+def write_draft_effect(I: Interp, st: SpecState, p: Val, q: Val, done: Val) -> dict[str, Val]:
+    """A write of unverified draft tokens lands; ``done`` when the drafts would fill the block.
+    Its bytes are not the prefix's honest content until verified (``DRAFT``), so the page
+    counts as complete only provisionally: ``verify_drafts`` or ``close_writer`` settles it."""
+    ok = rules.retired_state_isolation(I, st, p, q)
+    return {
+        "page_data": I.store(st["page_data"], p, I.ite(done, I.lit(DRAFT), I.lit(GARBAGE))),
+        "page_full": I.store(st["page_full"], p, done),
+        "page_draft": I.store(st["page_draft"], p, I.lit(True)),
+        "page_write_ok": I.store(st["page_write_ok"], p, I.and_(I.get(st["page_write_ok"], p), ok)),
+    }
+
+
+def verify_drafts_guard(I: Interp, st: SpecState, p: Val, done: Val) -> Val:
+    """The target model verified the drafts of a page whose writer is still open."""
+    return I.and_(
+        I.get(st["page_alloc"], p), I.get(st["page_draft"], p), I.get(st["page_writer"], p)
+    )
+
+
+def verify_drafts_effect(I: Interp, st: SpecState, p: Val, done: Val) -> dict[str, Val]:
+    """``done``: the accepted tokens fill the block, whose bytes are then its prefix's honest
+    content; rejected drafts leave it incomplete (their slots are rewritten later)."""
+    return {
+        "page_draft": I.store(st["page_draft"], p, I.lit(False)),
+        "page_full": I.store(st["page_full"], p, done),
+        "page_data": I.store(
+            st["page_data"], p, I.ite(done, I.get(st["page_tok"], p), I.lit(GARBAGE))
+        ),
     }
 
 
@@ -331,8 +374,13 @@ def close_writer_guard(I: Interp, st: SpecState, p: Val) -> Val:
 
 
 def close_writer_effect(I: Interp, st: SpecState, p: Val) -> dict[str, Val]:
+    """The writer closes; drafts still unverified are rolled back (the page is then not a
+    completed block), so speculative bytes are never certified."""
+    draft = I.get(st["page_draft"], p)
     return {
         "page_writer": I.store(st["page_writer"], p, I.lit(False)),
+        "page_full": I.store(st["page_full"], p, I.and_(I.get(st["page_full"], p), I.not_(draft))),
+        "page_draft": I.store(st["page_draft"], p, I.lit(False)),
         "page_digest": I.store(st["page_digest"], p, I.get(st["page_data"], p)),
     }
 
@@ -564,6 +612,8 @@ ACTIONS: tuple[Action, ...] = (
     _a("emit", "engine", "f:Frame q:Part k:FrameKind", emit_guard, emit_effect),
     _a("allocate", "engine", "p:Page q:Part i:Pos", allocate_guard, allocate_effect),
     _a("write", "engine", "p:Page q:Part done:Bool", write_guard, write_effect),
+    _a("write_draft", "engine", "p:Page q:Part done:Bool", write_draft_guard, write_draft_effect),
+    _a("verify_drafts", "engine", "p:Page done:Bool", verify_drafts_guard, verify_drafts_effect),
     _a("fence_write", "core", "p:Page q:Part done:Bool", fence_write_guard, _no_change),
     _a("close_writer", "engine", "p:Page", close_writer_guard, close_writer_effect),
     _a("corrupt", "engine", "p:Page", corrupt_guard, corrupt_effect),

@@ -124,6 +124,29 @@ def _current_pages_honest(I: Interp, st: SpecState) -> Val:
     return I.forall("Page", one)
 
 
+def _certified_bytes_verified(I: Interp, st: SpecState) -> Val:
+    """A certificate records only verified bytes: the digest certified for a pinned page is its
+    prefix's honest content, never that of unverified or rolled-back draft tokens."""
+    return I.forall(
+        "Page",
+        lambda p: I.implies(
+            I.and_(I.get(st["page_alloc"], p), I.get(st["page_pinned"], p)),
+            I.eq(I.get(st["page_cert_digest"], p), I.get(st["page_tok"], p)),
+        ),
+    )
+
+
+def _closed_writer_holds_no_drafts(I: Interp, st: SpecState) -> Val:
+    """Drafts live only under an open writer: closing it settles them (rolls them back)."""
+    return I.forall(
+        "Page",
+        lambda p: I.implies(
+            I.and_(I.get(st["page_alloc"], p), I.not_(I.get(st["page_writer"], p))),
+            I.not_(I.get(st["page_draft"], p)),
+        ),
+    )
+
+
 def _pause_keeps_authority(I: Interp, st: SpecState) -> Val:
     mode, epoch, at = st["scope_mode"], st["scope_epoch"], st["scope_pause_epoch"]
     return I.forall(
@@ -228,6 +251,18 @@ INVARIANTS: tuple[Invariant, ...] = (
         "current_pages_honest",
         "Every completed page a current version references holds its own context's bytes.",
         _current_pages_honest,
+    ),
+    Invariant(
+        "certified_bytes_verified",
+        "A certificate records only verified bytes: a pinned page's certified digest equals its "
+        "prefix identity, so no page holding unverified or rolled-back draft tokens is ever "
+        "certified.",
+        _certified_bytes_verified,
+    ),
+    Invariant(
+        "closed_writer_holds_no_drafts",
+        "A page whose writer has closed holds no unverified draft tokens.",
+        _closed_writer_holds_no_drafts,
     ),
     Invariant(
         "pause_keeps_authority",

@@ -49,6 +49,10 @@ NO_FRAME, IN_FLIGHT, PUBLISHED, DROPPED = 0, 1, 2, 3
 GARBAGE = -1
 # Prefix identity of a page allocated for work without authority: it matches no context.
 NO_MATCH = -2
+# Page content written from speculative (draft) tokens the target model has not verified yet:
+# honest only once verified (``verify_drafts`` then turns it into the prefix's bytes, or into
+# garbage for rejected drafts, whose slots are rewritten later).
+DRAFT = -3
 
 
 @attrs.frozen(slots=True)
@@ -97,6 +101,7 @@ COLUMNS: tuple[Column, ...] = (
     _c("page_gen", "Page", I, C, 0),  # ownership generation, bumped on every allocation
     _c("page_writer", "Page", B, C, False),  # writer open
     _c("page_full", "Page", B, C, False),  # completed full block
+    _c("page_draft", "Page", B, C, False),  # holds speculative tokens not yet verified
     _c("page_pos", "Page", I, C, 0),
     _c("page_tok", "Page", I, C, 0),  # identity of the token prefix the page covers
     _c("page_fp", "Page", I, C, 0),

@@ -58,7 +58,7 @@ def _logging_lockstep(bounds: Bounds, ledger: int = 1024) -> tuple[Lockstep, io.
 def random_trace(seed: int, steps: int = 80) -> list[str]:
     rng = random.Random(seed)
     ls, buf = _logging_lockstep(WALK, ledger=rng.choice((1, 4)))
-    budget = Budget(faults=2, partial_writes=True)
+    budget = Budget(faults=2, partial_writes=True, drafts=seed % 2 == 1)  # odd: speculative
     for _ in range(steps):
         moves = env_moves(ls, budget)
         if not moves:
@@ -90,12 +90,17 @@ def _renumber(lines: list[str]) -> list[str]:
 
 def test_random_core_runs_are_behaviours_of_the_spec() -> None:
     transitions = emits = 0
+    kinds: set[str] = set()
     for seed in range(60):
-        report = validate_lines(random_trace(seed))
+        lines = random_trace(seed)
+        report = validate_lines(lines)
         transitions += report.transitions
         emits += report.hidden["emit"]
+        kinds |= {d["transition"] for d in _records(lines)}
     assert transitions > 2000
     assert emits > 20  # the validator had to place frame emits the log never shows
+    # speculative decoding: drafts written, verified, verified again or late (a stutter)
+    assert {"write_draft", "verify_drafts", "stale_verify"} <= kinds
 
 
 def test_scenario_trace_with_adoption_and_fault_is_valid() -> None:

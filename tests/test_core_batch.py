@@ -59,7 +59,7 @@ def walk(seed: int, moves: int = 80) -> tuple[int, list[Any], list[Any]]:
     # odd seeds: both scopes of one tenant and model (equal fingerprints)
     bounds = BOUNDS if seed % 2 == 0 else attrs.evolve(BOUNDS, fingerprints=(0, 0))
     ls = Lockstep(Universe.of(bounds), step_fn=recording_step, ledger_size=ledger)
-    budget = Budget(faults=2, partial_writes=True)
+    budget = Budget(faults=2, partial_writes=True, drafts=seed % 3 == 0)
     for _ in range(moves):
         if ls.pending_reports and rng.random() < 0.3:
             ls.report(rng.choice(sorted(ls.pending_reports)))

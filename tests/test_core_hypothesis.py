@@ -54,6 +54,11 @@ RARE_PATHS = (
     "transition:finish",
     "transition:evict",
     "transition:forget",
+    # speculative decoding (``speculative_step``): drafts written, verified or rejected, rolled
+    # back by a writer closing first, and verified again or late
+    "transition:write_draft",
+    "transition:verify_drafts",
+    "transition:stale_verify",
 )
 
 
