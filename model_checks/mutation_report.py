@@ -70,6 +70,14 @@ EQUIVALENT.update(
         "retire_core.reclaim.x__nothing_drained__mutmut_9": _SHORTCUT,
         "retire_core.reclaim.x__nothing_drained__mutmut_12": _SHORTCUT,
         **{f"retire_core.reclaim.x_reclaim__mutmut_{n}": _CLEAN_MEMO for n in _CLEAN_MEMO_N},
+        "retire_core.reclaim.x_reclaim__mutmut_17": (
+            "RECLAIM's memo of clean scopes then hits only when it was taken on the frozen "
+            "page map and the map has been thawed since with no counted change (changes == 0): "
+            "only deletions happened, which cannot make a clean scope unclean, and the record "
+            "is the same, so skipping is still right (the counter's definition is tested: "
+            "tests/test_core_page_index.py); where the original hits (the same view) it "
+            "misses, and the check runs again with the same result"
+        ),
         "retire_core.reclaim.x_reclaim__mutmut_53": _MEMO,
         "retire_core.reclaim.x_reclaim__mutmut_54": _MEMO,
         "retire_core.reclaim.x__forget_drained_versions__mutmut_10": _MEMO,
@@ -176,12 +184,16 @@ EQUIVALENT.update(
         ),
         **{f"retire_core.txn.xǁTxnǁfreeze__mutmut_{n}": _LEDGER_BOUND for n in (2, 4)},
         **{
-            f"retire_core.txn.xǁPageDictǁ__setitem____mutmut_{n}": (
-                "a tracked page never changes owner (adoption changes its version within the "
-                "scope, reuse keeps it; a freed page is deleted), so the owner-change branch "
-                "is never taken, or is taken for the same owner and leaves the index as it was"
+            name: (
+                "a page's id is always in its owner's ids when the page is deleted or moves to "
+                "another owner (every write keeps the ids exact, and a map is thawed only from "
+                "an index of its own pages, Txn._index), so this pop never misses and its "
+                "default is never used"
             )
-            for n in (10, 24, 25, 26, 27, 28)
+            for name in (
+                "retire_core.txn.xǁPageDictǁ__delitem____mutmut_4",
+                "retire_core.txn.xǁPageDictǁ__setitem____mutmut_27",
+            )
         },
         **{
             name: "the page index is an ordered set: its dict values are never read"
@@ -191,18 +203,13 @@ EQUIVALENT.update(
                 "retire_core.txn.x_build_index__mutmut_3",
             )
         },
-        **{
-            name: (
-                "the change counter is only compared for equality with an earlier reading "
-                "(RECLAIM's memo), so a different start or a different (still strictly "
-                "monotonic) step gives the same comparisons"
-            )
-            for name in (
-                "retire_core.txn.xǁPageDictǁ__init____mutmut_4",
-                "retire_core.txn.xǁPageDictǁ__setitem____mutmut_12",
-                "retire_core.txn.xǁPageDictǁ__setitem____mutmut_13",
-            )
-        },
+        "retire_core.txn.xǁPageDictǁ_count__mutmut_3": (
+            "the scope is never marked as owning its copy of the counts, so every change "
+            "copies them again (after the first, from this map's own copy, never the shared "
+            "one): the same counts, one more copy of a few (version, held) pairs per write; no "
+            "caller keeps a view of a scope's counts across a write (RECLAIM and classify_late "
+            "read page_kinds before they write)"
+        ),
         "retire_core.machine.x_run_batch__mutmut_4": _LEDGER_BOUND,
         "retire_core.machine.x_run_batch__mutmut_11": _LEDGER_BOUND,
         "retire_core.txn.xǁTxnǁtrim_ledger__mutmut_4": _LEDGER_BOUND,

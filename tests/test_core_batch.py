@@ -297,6 +297,42 @@ def test_filtered_logger_gets_no_calls_but_keeps_counting() -> None:
     assert core._seq == 2
 
 
+def test_an_unlogged_batch_bounds_the_ledger_after_every_event() -> None:
+    """A batch nobody logs (``run_batch`` without per-event counts) bounds the ledger after
+    each event, as ``step`` does: with room for one drained version, version 0 has expired by
+    the time version 1 drains, and a late frame of version 0 later in the same batch is
+    classified ``retired_expired``, as one by one, not ``retired_drained``."""
+    import logging
+
+    class Quiet:
+        def is_enabled_for(self, level: int) -> bool:
+            return level >= logging.WARNING
+
+        def info(self, event: str, **fields: Any) -> None:
+            raise AssertionError("a quiet logger got a line")
+
+    events = [
+        rc.Submit("s", "t", "f", (1,)),
+        rc.ParticipantStarted("s", 0, "a"),
+        rc.Supersede("s", (2,)),
+        rc.Receipt("s", 0, "a"),  # version 0 drains: the ledger holds (s, 0)
+        rc.ParticipantStarted("s", 1, "b"),
+        rc.Supersede("s", (3,)),
+        rc.Receipt("s", 1, "b"),  # version 1 drains: (s, 1) pushes (s, 0) out
+        rc.FrameArrived("s", 0, 5, rc.FrameKind.TOKEN),
+    ]
+    one = rc.Retire(ledger_size=1, logger=Quiet())
+    transitions: list[rc.Transition] = []
+    for event in events:
+        one.handle(event)
+        transitions += one.last_transitions
+    many = rc.Retire(ledger_size=1, logger=Quiet())
+    many.handle_batch(events)
+    assert transitions[-1].reason is rc.DropReason.RETIRED_EXPIRED
+    assert list(many.last_transitions) == transitions
+    assert many.state == one.state and many.state.ledger == (("s", 1),)
+
+
 def test_reconfigured_structlog_is_followed() -> None:
     # The resolved logger is reused, but a new structlog configuration (capture_logs) is seen.
     core = rc.Retire(logger=structlog.get_logger("test"))

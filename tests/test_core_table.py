@@ -251,3 +251,39 @@ def test_a_handler_leaving_its_allowed_states_is_refused_and_changes_nothing() -
     with TABLE.patched({key: allowed}):
         assert rc.step(before, frame).state.scopes["s0"].state is rc.ScopeState.PAUSED
     assert TABLE[key].handler is handlers.on_frame  # restored
+
+
+def _forgotten_anyway(txn: Any, ev: Any) -> None:
+    handlers.on_frame(txn, ev)
+    del txn.scopes[ev.scope]  # a bug: a frame drops its scope
+
+
+@pytest.mark.parametrize(
+    ("handler", "moved"), [(_paused_anyway, "paused"), (_forgotten_anyway, "forgotten")]
+)
+def test_a_steady_handler_leaving_its_state_is_refused(handler: Any, moved: str) -> None:
+    """The same check on dispatch's fast path: an event legal in every state by one handler
+    that keeps the state (``TABLE.steady``) is checked by one identity test. A steady handler
+    that moves its scope, or drops it, raises ``TableViolationError`` there too, and the step,
+    the batch and both ``Retire`` paths change nothing."""
+    core = rc.Retire(state=lockstep_at("active").core)
+    before = core.state
+    frame = rc.FrameArrived("s0", 0, 0, rc.FrameKind.TOKEN)
+    bad: dict[table.Key, table.Entry] = {
+        (s, rc.FrameArrived): table.Entry(handler, (s,)) for s in rc.ScopeState
+    }
+    with TABLE.patched(bad):
+        assert TABLE.steady[rc.FrameArrived] is handler  # still on the fast path
+        with pytest.raises(rc.TableViolationError) as err:
+            rc.step(before, frame)
+        assert str(err.value) == (
+            f"FrameArrived in state active left the scope {moved}; the table allows active"
+        )
+        with pytest.raises(rc.TableViolationError):
+            rc.step_many(before, [rc.Pause("s0"), rc.Unpause("s0"), frame])
+        with pytest.raises(rc.TableViolationError):
+            core.handle(frame)
+        with pytest.raises(rc.TableViolationError):
+            core.handle_batch([rc.Pause("s0"), rc.Unpause("s0"), frame])
+        assert core.state is before
+    assert TABLE.steady[rc.FrameArrived] is handlers.on_frame  # restored
