@@ -314,6 +314,9 @@ async def _revise_mid_stream(base: str, model: str, p: Plan) -> dict[str, Any]:
             last = None
             async for chunk in old:
                 last = chunk
+                # Chunks already buffered are read without suspending: let the revision's
+                # answer be read as soon as it arrives, not after the whole backlog.
+                await asyncio.sleep(0)
             return last, time.perf_counter() - start
 
         draining = asyncio.ensure_future(drain())  # the old stream is read while the revision runs
