@@ -16,12 +16,14 @@ runs the checker admits. The workload and its driver (``plans``, ``run_plans``) 
 ``--serving`` adds the same revisions through ``retire serve`` and the ``openai`` client, in three
 server shapes: plain, speculative (rejecting draft model) and data parallel 2 (two engine cores,
 scopes by affinity). Each predecessor streams; after some of its tokens were read its scope is
-revised. Measured from the client: revision sent to the successor's completion and to the end of
-the old stream (``superseded``; read to its end, so this includes what was already on its way;
-an old version that ended on its own first is counted apart), the successor's cached tokens
-against the common prefix's blocks, and its text against an unscoped (cold) run on the same
-server (a successor counts as admitted only if they are equal); the server's core logs (one per
-engine) validate against the spec when it closes. What does not live here: how the integration
+revised; the native baseline (``stock_let_run``) is stock vLLM's server with the same client,
+the revision a new request and the old call left to finish. Measured from the client: revision
+sent to the successor's completion and to the end of the old stream (read to its end, so this
+includes what was already on its way; how many old versions ran to their end is counted: all of
+them natively, under Retire those that ended before the revision arrived), the successor's cached
+tokens against the common prefix's blocks, and its text against an unscoped (cold) run on the
+same server (a successor counts as admitted only if they are equal); the server's core logs (one
+per engine) validate against the spec when it closes. What does not live here: how the integration
 reports drafts (``retire_vllm.observe``), the data-parallel routing (``retire_vllm.serving``) and
 the campaign commands.
 """
@@ -267,7 +269,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 # --- the serving shapes ---------------------------------------------------------------------------
 
 
-SERVING_SHAPES = ("serve_plain", "serve_spec_rejecting", "serve_dp2")
+#: ``stock_let_run`` is the native baseline: stock vLLM's server, the revision a new request and
+#: the old call left to finish (what a framework without revisions does), read by the same client.
+SERVING_SHAPES = ("stock_let_run", "serve_plain", "serve_spec_rejecting", "serve_dp2")
 
 
 #: The serving shapes' client: a starved 2-core machine can keep a connection waiting for long.
@@ -278,13 +282,14 @@ def serving_shapes() -> dict[str, list[str]]:
     """``retire serve`` options per serving shape."""
     spec = json.dumps(speculative_config(1))
     return {
+        "stock_let_run": [],
         "serve_plain": [],
         "serve_spec_rejecting": ["--speculative-config", spec],
         "serve_dp2": ["--data-parallel-size", "2"],
     }
 
 
-async def _revise_mid_stream(base: str, model: str, p: Plan) -> dict[str, Any]:
+async def _revise_mid_stream(base: str, model: str, p: Plan, scoped_run: bool) -> dict[str, Any]:
     import openai
 
     from retire_vllm.client import scoped
@@ -300,7 +305,7 @@ async def _revise_mid_stream(base: str, model: str, p: Plan) -> dict[str, Any]:
             max_tokens=2000,
             temperature=0,
             stream=True,
-            extra_body={"ignore_eos": True, **scoped(p.scope)},
+            extra_body={"ignore_eos": True, **(scoped(p.scope) if scoped_run else {})},
         )
         read = 0
         async for _ in old:
@@ -325,7 +330,7 @@ async def _revise_mid_stream(base: str, model: str, p: Plan) -> dict[str, Any]:
             prompt=list(p.succ),
             max_tokens=SUCC_MAX,
             temperature=0,
-            extra_body={"ignore_eos": True, **scoped(p.scope)},
+            extra_body={"ignore_eos": True, **(scoped(p.scope) if scoped_run else {})},
         )
         new_done = time.perf_counter() - start
         last, old_end = await draining
@@ -355,45 +360,52 @@ def run_serving_shape(shape: str, options: list[str], seeds: Sequence[int]) -> d
     """One ``retire serve`` for ``shape``; each seed's plans revised mid-stream, one at a time."""
     import httpx
 
-    from retire_bench.servers import RetireServer
+    from retire_bench.servers import RetireServer, StockServer
     from retire_vllm import identity
+    from retire_vllm.default_model import ensure_default_model
 
     row: dict[str, Any] = {"shape": shape, "errors": []}
     old_end: list[float] = []
     new_done: list[float] = []
-    admitted = successors = cached = reusable = finished_first = 0
+    admitted = successors = cached = reusable = ran_to_end = 0
     tmp = Path(tempfile.mkdtemp(prefix=f"retire-{shape}-"))
-    server = RetireServer(tmp, options)
+    stock = shape.startswith("stock")
+    server: Any = (
+        StockServer(tmp, str(ensure_default_model())) if stock else RetireServer(tmp, options)
+    )
     try:
         for seed in seeds:
             for p in plans(seed):
                 successors += 1
-                r = asyncio.run(_revise_mid_stream(server.base, server.model, p))
-                httpx.post(f"{server.scope_url(p.scope)}/cancel")
+                r = asyncio.run(_revise_mid_stream(server.base, server.model, p, not stock))
+                if not stock:
+                    httpx.post(f"{server.scope_url(p.scope)}/cancel")
                 ended = r.get("old_finish") in ("superseded", "length")
                 if "error" in r or not ended or not r["matches_cold"]:
                     row["errors"].append(f"{p.scope}: {r}")
                     continue
                 admitted += 1
                 new_done.append(round(r["new_done_ms"], 2))
-                if r["old_finish"] == "length":  # it ended before the revision arrived
-                    finished_first += 1
-                else:
-                    old_end.append(round(r["old_end_ms"], 2))
+                old_end.append(round(r["old_end_ms"], 2))
+                ran_to_end += r["old_finish"] == "length"  # stock: always; Retire: it came first
                 cached += r["cached_tokens"]
                 reusable += identity.expected_adopted_blocks(p.pred, p.succ, 32) * 32
-        server.check_clean()
+        if not stock:
+            server.check_clean()
     except Exception as err:
         row["errors"].append(f"{type(err).__name__}: {err}")
     finally:
         try:
-            row["core_logs"] = server.close()  # validates every engine's core log
+            if stock:
+                server.stop()
+            else:
+                row["core_logs"] = server.close()  # validates every engine's core log
         except AssertionError as err:
             row["errors"].append(str(err)[:2000])
     row.update(
         successors=successors,
         checker_admitted=admitted,
-        old_finished_before_revision=finished_first,
+        old_ran_to_its_end=ran_to_end,
         revision_to_old_stream_end_ms=_summary(old_end),
         revision_to_successor_done_ms=_summary(new_done),
         cached_tokens=cached,
@@ -405,12 +417,13 @@ def run_serving_shape(shape: str, options: list[str], seeds: Sequence[int]) -> d
 SERVING_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("shape", lambda r: r["shape"]),
     ("admitted", lambda r: f"{r['checker_admitted']}/{r['successors']}"),
-    ("superseded", lambda r: str(r["revision_to_old_stream_end_ms"]["n"])),
-    ("finished first", lambda r: str(r["old_finished_before_revision"])),
-    ("old stream drained p50 ms", lambda r: str(r["revision_to_old_stream_end_ms"]["p50"])),
+    ("old ran to its end", lambda r: str(r["old_ran_to_its_end"])),
+    ("old stream end p50 ms", lambda r: str(r["revision_to_old_stream_end_ms"]["p50"])),
+    ("max", lambda r: str(r["revision_to_old_stream_end_ms"]["max"])),
     ("successor done p50 ms", lambda r: str(r["revision_to_successor_done_ms"]["p50"])),
+    ("max ", lambda r: str(r["revision_to_successor_done_ms"]["max"])),
     ("cached/reusable tokens", lambda r: f"{r['cached_tokens']}/{r['reusable_tokens']}"),
-    ("core logs", lambda r: "valid" if not r["errors"] else "-"),
+    ("core logs", lambda r: "n/a" if "core_logs" not in r else "valid" if not r["errors"] else "-"),
 )
 
 
