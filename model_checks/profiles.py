@@ -27,6 +27,16 @@ ALL_KINDS = (0, 1, 2)
 
 _NO_CONTROL: dict[str, Any] = {"pause": False, "cancel": False, "finish": False}
 
+# Speculative decoding: draft writes, verification accepted, rejected, repeated and late,
+# writers closing over unverified drafts, across chains of two revisions with handoffs and a
+# fault (in both profiles).
+_DRAFTS = Config(
+    "drafts",
+    Bounds(1, 2, 0, 1, 1, 2, ((1,), (2,)), (0,)),
+    Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), drafts=True, **_NO_CONTROL),
+    ledger_size=1,
+)
+
 QUICK = Profile(
     "quick",
     (
@@ -64,22 +74,9 @@ QUICK = Profile(
             Bounds(2, 2, 0, 1, 1, 1, ((1,),), (0, 0)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
         ),
-        # Speculative decoding: draft writes, verification accepted, rejected, repeated and late,
-        # writers closing over unverified drafts, across chains of two revisions with handoffs
-        # and a fault. (Draft moves in every configuration above would cost 79% more states
-        # and 125% more time; this world alone adds 8% and 14%.)
-        Config(
-            "drafts",
-            Bounds(1, 2, 0, 1, 1, 2, ((1,), (2,)), (0,)),
-            Budget(
-                faults=1,
-                frame_kinds=TOKEN_ONLY,
-                reuse_choices=(True,),
-                drafts=True,
-                **_NO_CONTROL,
-            ),
-            ledger_size=1,
-        ),
+        # (Draft moves in every configuration above would cost 79% more states and 125% more
+        # time; this world alone adds 8% and 14%.)
+        _DRAFTS,
     ),
     ALL_PROBES,
 )
@@ -183,19 +180,7 @@ FULL = Profile(
             Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
             ledger_size=1,
         ),
-        # speculative decoding over chains of two revisions (as in the quick profile)
-        Config(
-            "drafts",
-            Bounds(1, 2, 0, 1, 1, 2, ((1,), (2,)), (0,)),
-            Budget(
-                faults=1,
-                frame_kinds=TOKEN_ONLY,
-                reuse_choices=(True,),
-                drafts=True,
-                **_NO_CONTROL,
-            ),
-            ledger_size=1,
-        ),
+        _DRAFTS,
         # speculative decoding under two-block handoffs: a draft page next to a verified one,
         # certification cut where drafts were rolled back, a fault
         Config(
