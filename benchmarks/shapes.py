@@ -292,7 +292,7 @@ def serving_shapes() -> dict[str, list[str]]:
 async def _revise_mid_stream(base: str, model: str, p: Plan, scoped_run: bool) -> dict[str, Any]:
     import openai
 
-    from retire_vllm.client import scoped
+    from retire_vllm.client import read_stream, scoped
 
     c = openai.AsyncOpenAI(
         base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=CLIENT_TIMEOUT
@@ -316,13 +316,8 @@ async def _revise_mid_stream(base: str, model: str, p: Plan, scoped_run: bool) -
         start = time.perf_counter()
 
         async def drain() -> tuple[Any, float]:
-            last = None
-            async for chunk in old:
-                last = chunk
-                # Chunks already buffered are read without suspending: let the revision's
-                # answer be read as soon as it arrives, not after the whole backlog.
-                await asyncio.sleep(0)
-            return last, time.perf_counter() - start
+            rest = await read_stream(old)
+            return (rest[-1] if rest else None), time.perf_counter() - start
 
         draining = asyncio.ensure_future(drain())  # the old stream is read while the revision runs
         new = await c.completions.create(

@@ -5,14 +5,20 @@ or in an application's reader queue. ``ScopeReader`` applies the publication rul
 application reads: every chunk of a scoped response carries ``"retire": {"scope", "version"}``
 and every scoped response the header ``x-retire-version``; once the reader has seen version ``v``
 of a scope accepted, a chunk of an older version of that scope is dropped. ``scoped`` builds the
-``extra_body`` that puts a request under a scope. Nothing here talks to the server by itself.
+``extra_body`` that puts a request under a scope. ``read_stream`` reads a streamed response to its
+end without holding up the other requests of the same event loop (a revision sent beside the old
+stream). Nothing here talks to the server by itself.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterable
+from typing import Any, TypeVar
 
 from .serving.wire import HEADER_VERSION
+
+_T = TypeVar("_T")
 
 
 def scoped(scope: str, tenant: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -21,6 +27,18 @@ def scoped(scope: str, tenant: str | None = None, **extra: Any) -> dict[str, Any
     if tenant is not None:
         xargs["retire_tenant"] = tenant
     return {**extra, "vllm_xargs": {**extra.get("vllm_xargs", {}), **xargs}}
+
+
+async def read_stream(stream: AsyncIterable[_T]) -> list[_T]:
+    """Every chunk of ``stream``, yielding to the event loop after each. Chunks already buffered
+    are read without suspending, so a long stream read in one loop would otherwise hold up every
+    other request of that loop: a revision sent beside it is then sent only once the old stream
+    has been read to its end (and the old version may run to its end first)."""
+    chunks = []
+    async for chunk in stream:
+        chunks.append(chunk)
+        await asyncio.sleep(0)
+    return chunks
 
 
 def stamp(obj: Any) -> tuple[str, int] | None:

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from retire_bench.servers import RetireServer, StockServer
-from retire_vllm.client import ScopeReader, scoped, stamp
+from retire_vllm.client import ScopeReader, read_stream, scoped, stamp
 
 pytestmark = pytest.mark.vllm
 
@@ -333,7 +333,7 @@ def test_the_old_stream_ends_at_once_with_superseded(
                 stream=True,
                 extra_body={"ignore_eos": True, **scoped("ends")},
             )
-            return [ch async for ch in s]
+            return await read_stream(s)
 
         old = asyncio.create_task(old_stream())
         async with httpx.AsyncClient() as h:
@@ -374,7 +374,7 @@ async def _stream(c: openai.AsyncOpenAI, model: str, scope: str, tokens: list[in
         stream=True,
         extra_body={"ignore_eos": True, **scoped(scope)},
     )
-    chunks = [ch async for ch in s]
+    chunks = await read_stream(s)
     return stamp(chunks[-1]), chunks[-1].choices[0].finish_reason
 
 

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from retire_bench.servers import RetireServer
-from retire_vllm.client import scoped, stamp
+from retire_vllm.client import read_stream, scoped, stamp
 from retire_vllm.serving import wire
 from tests.vllm.test_serving import cancel, complete, prompt, status
 
@@ -66,7 +66,7 @@ async def _revise_running(base: str, model: str, scope: str, old: list[int], new
         temperature=0,
         extra_body={"ignore_eos": True, **scoped(scope)},
     )
-    rest = [ch async for ch in stream]
+    rest = await read_stream(stream)
     await c.close()
     return stamp(first), (rest or [first])[-1], revised
 

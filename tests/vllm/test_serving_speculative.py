@@ -22,7 +22,7 @@ import pytest
 from retire_bench.servers import RetireServer
 from retire_bench.shapes import speculative_config
 from retire_vllm import identity
-from retire_vllm.client import scoped, stamp
+from retire_vllm.client import read_stream, scoped, stamp
 from tests.vllm.test_serving import cancel, complete, prompt, status
 
 pytestmark = pytest.mark.vllm
@@ -66,7 +66,7 @@ async def _revise_after(base: str, model: str, scope: str, read: int, succ: list
         temperature=0,
         extra_body={"ignore_eos": True, **scoped(scope)},
     )
-    rest = [ch async for ch in old]
+    rest = await read_stream(old)
     await c.close()
     return (chunks + rest)[-1], new
 
