@@ -54,6 +54,11 @@ class Budget:
     # any write) and the target model's verification of a page's drafts, accepted or rejected,
     # offered on every allocated page (twice, or after its writer closed: late, a stutter)
     drafts: bool = False
+    # a receipt delivered again: for a participant already closed, also once its version has
+    # drained and moved to the core's ledger or expired from it (the core must refuse it with
+    # ``DuplicateReceiptError``, or ``UnknownParticipantError`` past the ledger window, and
+    # change nothing: ``Lockstep.receipt_again``)
+    duplicate_receipts: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -71,6 +76,7 @@ class _Table:
     report: tuple[ActionInstance, ...]
     launch: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [q][s][v]
     receipt: tuple[ActionInstance, ...]
+    receipt_again: tuple[ActionInstance, ...]
     emit: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [f][q] -> kinds
     deliver: tuple[ActionInstance, ...]
     allocate: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q] -> positions
@@ -103,6 +109,7 @@ def _table(b: Bounds, budget: Budget) -> _Table:
             for q in Q
         ),
         receipt=tuple(A("receipt", (q,)) for q in Q),
+        receipt_again=tuple(A("receipt_again", (q,)) for q in Q),
         emit=tuple(
             tuple(tuple(A("emit", (f, q, k)) for k in budget.frame_kinds) for q in Q) for f in F
         ),
@@ -174,6 +181,10 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
                     moves.append(inst)
     for q in running:
         moves.append(t.receipt[q])
+    if budget.duplicate_receipts:
+        for q in range(b.parts):
+            if used[q] and closed[q]:
+                moves.append(t.receipt_again[q])
     frame_state = cells[_FRAME_STATE]
     free_frame = next((f for f in range(b.frames) if frame_state[f] == 0), None)
     if free_frame is not None:

@@ -183,6 +183,7 @@ BY_MOVE, BY_LAUNCH, BY_FRAME, BY_PAGE_DATA, WORLD, OTHER = range(6)
 _FRAME_SCOPE, _FRAME_VER, _FRAME_KIND, _PAGE_DATA = (
     COLUMN_INDEX[name] for name in ("frame_scope", "frame_ver", "frame_kind", "page_data")
 )
+_USED, _CLOSED = COLUMN_INDEX["part_used"], COLUMN_INDEX["part_closed"]
 _control_cells = operator.itemgetter(*(COLUMN_INDEX[name] for name in CONTROL_COLUMNS))
 
 
@@ -360,6 +361,8 @@ class Lockstep:
         core rejected the event with a typed error: then neither side changes)."""
         if self.record:
             self.trace.append(str(inst))
+        if inst.name == "receipt_again":
+            return self.receipt_again(inst)
         if inst.name in FAULTS:
             self.faults += 1
         if inst.name in WORLD_ONLY:
@@ -387,6 +390,8 @@ class Lockstep:
         memo = self.memo
         if name == "report":
             return self.report(inst.args[0])
+        if name == "receipt_again":
+            return self.receipt_again(inst)
         if memo is None or self.record or self.check_each_step or name in WORLD_ONLY:
             return self.env(inst)
         if name in FAULTS:
@@ -435,6 +440,57 @@ class Lockstep:
             ended = self.spec["scope_mode"][s] in (CANCELLED, FINISHED)
             return retired or ended or self.spec_enabled(ActionInstance("finish", (s,)))
         return self.spec_enabled(inst)
+
+    def receipt_again(self, inst: ActionInstance) -> Outcome:
+        """A receipt delivered again (lost acknowledgement, retry, replay) for participant
+        ``q``, which has already delivered it. The core must refuse it with its typed error,
+        ``DuplicateReceiptError`` (also once the version drained into the ledger), or
+        ``UnknownParticipantError`` once the version left the ledger window and the core no
+        longer knows the participant; a refusal changes nothing, on either side. Accepting
+        it in any way (a step, even one changing nothing), or refusing it with another error,
+        is a refinement failure."""
+        (q,) = inst.args
+        if not (self.spec.cells[_USED][q] and self.spec.cells[_CLOSED][q]):
+            raise RefinementError(f"{inst}: participant {q} has not delivered its receipt")
+        event, table = self._event(inst)
+        core = self.core
+        if table is not None:
+            known = table.get(id(core))
+            if known is not None:
+                return _NOTHING  # only refusals are recorded in this table
+        try:
+            result = self.step_fn(core, event)
+        except rc.DuplicateReceiptError:
+            pass
+        except rc.UnknownParticipantError as err:
+            s, v = self.launched[q]
+            sid = self.uni.scopes[s]
+            rec = core.scopes.get(sid)
+            known_part = rec is not None and event.participant in rec.participants
+            if known_part or (sid, v) in core.ledger:
+                raise RefinementError(
+                    f"the core refused the duplicated {inst} with {err!r}, not "
+                    f"DuplicateReceiptError (after {self._last()})"
+                ) from err
+        except rc.RetireError as err:
+            raise RefinementError(
+                f"the core refused the duplicated {inst} with {err!r}, not "
+                f"DuplicateReceiptError (after {self._last()})"
+            ) from err
+        else:
+            raise RefinementError(
+                f"the core accepted the duplicated {inst}: transitions "
+                f"{[t.action for t in result.transitions]}, commands {list(result.commands)}, "
+                f"state {'unchanged' if result.state == core else 'changed'} "
+                f"(after {self._last()})"
+            )
+        if table is not None:
+            table[id(core)] = (core, _REJECTED)
+            if self.memo is not None:
+                self.memo.size += 1
+        if self.record:
+            self.trace.append("  -> rejected Receipt (duplicate)")
+        return _NOTHING
 
     def report(self, s: int) -> Outcome:
         """The engine answers a ``PinCertified`` with the current digests of the pinned pages."""
@@ -497,7 +553,7 @@ class Lockstep:
         report. ``fault``: 1 if the move spends the fault budget."""
         n, a = inst.name, inst.args
         fault = 1 if n in FAULTS else 0
-        if n == "report":
+        if n == "report" or n == "receipt_again":
             return (inst, OTHER, 0, None, None)
         if n in WORLD_ONLY:
             return (inst, WORLD, fault, self._step_of(inst), Outcome((), (), (inst,)))
@@ -516,7 +572,7 @@ class Lockstep:
         """The move by identity, plus exactly what else its core event is built from."""
         n, a = inst.name, inst.args
         key: Any = id(inst)
-        if n == "receipt":
+        if n == "receipt" or n == "receipt_again":
             return (key, self.launched.get(a[0]))
         if n == "allocate" or n == "attempt_write" or n == "attempt_draft":
             return (key, self.launched.get(a[1]))
@@ -553,7 +609,7 @@ class Lockstep:
         if n == "finish":
             s, v = a
             return rc.VersionFinished(u.scopes[s], v)
-        if n == "receipt":
+        if n == "receipt" or n == "receipt_again":
             (q,) = a
             s, v = self.launched[q]
             return rc.Receipt(u.scopes[s], v, u.parts[q])

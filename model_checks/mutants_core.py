@@ -196,6 +196,23 @@ def _reclaim_ignoring_references(txn: Any, scope: str) -> None:
     _reclaim(txn, scope)
 
 
+def _reclaim_one_receipt_short(txn: Any, scope: str) -> None:
+    """RECLAIM counting one participant fewer: a retired version's pages lose their reference
+    (and are freed) once all but one of its participants have delivered their receipts."""
+    rec = txn.scopes[scope]
+    ended = rec.state in (rc.ScopeState.CANCELLED, rc.ScopeState.FINISHED)
+    for p, page in sorted(txn.pages.items()):
+        if page.owner != scope or not page.held or page.writer_open:
+            continue
+        if not (ended or page.version < rec.epoch):
+            continue
+        mine = [r for r in rec.participants.values() if r.version == page.version]
+        if sum(not r.closed for r in mine) == 1:
+            txn.record_page("unhold", rc.Stage.RECLAIM, scope, page.version, p, (("held", False),))
+            txn.pages[p] = evolve_record(page, held=False)
+    _reclaim(txn, scope)
+
+
 def _partial_drained(self: rc.ScopeRecord, version: int) -> bool:
     mine = [r for r in self.participants.values() if r.version == version]
     return not mine or any(r.closed for r in mine)
@@ -476,6 +493,15 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "the write gate lets any scope write an open page of the same version number",
         (_C["tenants"],),
         _p(handlers, "write_gate", _write_gate_ignoring("owner")),
+    ),
+    Mutant(
+        "freed_one_receipt_short",
+        "closing a version on a partial set of receipts",
+        "core",
+        "RECLAIM frees a retired version's pages once all but one of its participants (ranks) "
+        "have delivered their receipts",
+        (_C["chain"],),
+        _p(reclaim, "reclaim", _reclaim_one_receipt_short),
     ),
     Mutant(
         "closed_on_partial_receipts",

@@ -22,7 +22,7 @@ from retire_checks.mutant_kind import (
 )
 from retire_spec import actions as A
 from retire_spec.expr import Interp, Val
-from retire_spec.schema import ACTIVE, FINISHED, IN_FLIGHT, SpecState
+from retire_spec.schema import ACTIVE, CANCELLED, FINISHED, IN_FLIGHT, SpecState
 
 # --- spec mutants: one guard or effect weakened ----------------------------------------------
 
@@ -107,6 +107,17 @@ def _write_guard(skip: str) -> Callable[[Interp, SpecState, Val, Val, Val], Val]
     return guard
 
 
+def _unhold_before_receipts(I: Interp, st: SpecState, p: Val) -> Val:
+    """RECLAIM's unhold without waiting for the version's receipts (``_version_drained``)."""
+    s, v = I.get(st["page_owner"], p), I.get(st["page_over"], p)
+    return I.and_(
+        I.get(st["page_alloc"], p),
+        I.get(st["page_held"], p),
+        I.not_(I.get(st["page_writer"], p)),
+        I.or_(I.lt(v, I.get(st["scope_epoch"], s)), A._mode_is(I, st, s, CANCELLED, FINISHED)),
+    )
+
+
 def _free_pinned_guard(I: Interp, st: SpecState, p: Val) -> Val:
     return I.and_(I.get(st["page_alloc"], p), I.not_(I.get(st["page_held"], p)))
 
@@ -157,6 +168,14 @@ def _verify_ignoring_rejection(I: Interp, st: SpecState, p: Val, done: Val) -> d
 
 
 SPEC_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "spec_unhold_before_receipts",
+        "closing a version on a partial set of receipts",
+        "spec",
+        "RECLAIM's unhold no longer waits for every receipt of the page's version",
+        (SPEC_ONE,),
+        actions=_replace("unhold", guard=_unhold_before_receipts),
+    ),
     Mutant(
         "spec_stale_token_published",
         "stale publication (token)",

@@ -36,6 +36,7 @@ ENV_MOVES = tuple(
         "finish",
         "launch",
         "receipt",
+        "receipt_again",
         "emit",
         "deliver",
         "allocate",

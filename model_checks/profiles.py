@@ -45,7 +45,7 @@ QUICK = Profile(
         Config(
             "chain",
             Bounds(1, 2, 1, 1, 1, 2, ((1,), (2,)), (0,)),
-            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, duplicate_receipts=True, **_NO_CONTROL),
             ledger_size=1,
         ),
         # Certified handoff of a two-block prefix: partial adoption after a fault, recompute.
@@ -88,7 +88,7 @@ FULL = Profile(
         Config(
             "chain",
             Bounds(1, 3, 1, 1, 1, 2, ((1,), (2,)), (0,)),
-            Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, duplicate_receipts=True, **_NO_CONTROL),
             ledger_size=1,
         ),
         # chains of three revisions e -> e+1 -> e+2 -> e+3

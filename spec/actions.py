@@ -578,7 +578,13 @@ def unhold_guard(I: Interp, st: SpecState, p: Val) -> Val:
 
 
 def unhold_effect(I: Interp, st: SpecState, p: Val) -> dict[str, Val]:
-    return {"page_held": I.store(st["page_held"], p, I.lit(False))}
+    ok = rules.coordinated_closure(I, st, p)
+    return {
+        "page_held": I.store(st["page_held"], p, I.lit(False)),
+        "page_release_ok": I.store(
+            st["page_release_ok"], p, I.and_(I.get(st["page_release_ok"], p), ok)
+        ),
+    }
 
 
 def free_guard(I: Interp, st: SpecState, p: Val) -> Val:

@@ -68,6 +68,11 @@ def _isolation(I: Interp, st: SpecState) -> Val:
     return I.forall("Page", lambda p: I.get(ok, p))
 
 
+def _coordinated_closure(I: Interp, st: SpecState) -> Val:
+    ok = st["page_release_ok"]
+    return I.forall("Page", lambda p: I.get(ok, p))
+
+
 def _no_free_while_pinned_or_held(I: Interp, st: SpecState) -> Val:
     alloc, pinned, held = st["page_alloc"], st["page_pinned"], st["page_held"]
     return I.forall(
@@ -240,6 +245,13 @@ INVARIANTS: tuple[Invariant, ...] = (
         "no_free_while_pinned_or_referenced",
         "A free page carries no handoff pin and no live reference.",
         _no_free_while_pinned_or_held,
+    ),
+    Invariant(
+        "coordinated_closure",
+        "No page loses its execution reference (a page is freed, given back to the engine's "
+        "cache, evicted or reallocated only after that) while any participant of its version, "
+        "on any rank, has not delivered its receipt.",
+        _coordinated_closure,
     ),
     Invariant(
         "pins_belong_to_pending_successor",

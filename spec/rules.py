@@ -52,3 +52,21 @@ def retired_state_isolation(I: Interp, st: SpecState, p: Val, q: Val) -> Val:
         I.eq(I.get(st["page_over"], p), I.get(st["part_ver"], q)),
         I.get(st["page_writer"], p),
     )
+
+
+def coordinated_closure(I: Interp, st: SpecState, p: Val) -> Val:
+    """Issue 17: page ``p`` may lose its execution reference (and so be freed, given back to
+    the engine's cache, evicted or allocated to another owner) only once every participant of
+    its version, on every rank, has delivered its receipt: none of them is still running."""
+    s, v = I.get(st["page_owner"], p), I.get(st["page_over"], p)
+    return I.not_(
+        I.exists(
+            "Part",
+            lambda q: I.and_(
+                I.get(st["part_used"], q),
+                I.eq(I.get(st["part_scope"], q), s),
+                I.eq(I.get(st["part_ver"], q), v),
+                I.not_(I.get(st["part_closed"], q)),
+            ),
+        )
+    )

@@ -115,6 +115,8 @@ COLUMNS: tuple[Column, ...] = (
     _c("page_data", "Page", I, W, GARBAGE),  # the bytes, abstracted: honest iff == page_tok
     _c("page_adopt_ok", "Page", B, H, True),  # every adoption met the handoff rule
     _c("page_write_ok", "Page", B, H, True),  # every write came from the owning writer
+    # every loss of its execution reference came after every receipt of its version
+    _c("page_release_ok", "Page", B, H, True),
 )
 
 COLUMN_INDEX: dict[str, int] = {c.name: i for i, c in enumerate(COLUMNS)}
