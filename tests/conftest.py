@@ -31,7 +31,7 @@ def core_logs(
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None:
+    if reporter is None or session.config.option.collectonly:  # listing tests runs none
         return
     passed = len(reporter.stats.get("passed", []))
     skipped = len(reporter.stats.get("skipped", []))
