@@ -80,6 +80,46 @@ def complete(c: Any, model: str, tokens: list[int], max_tokens: int, **body: Any
     )
 
 
+async def revise_mid_stream(
+    base: str,
+    model: str,
+    scope: str,
+    old: list[int],
+    new: list[int],
+    *,
+    read: int = 1,
+    old_max: int = 2000,
+    new_max: int = 12,
+) -> tuple[Any, Any, Any]:
+    """Stream a version of ``scope`` for ``old``, read ``read`` of its chunks, revise the scope
+    with ``new`` (not streamed) while the old stream is open, then read the old stream to its
+    end: (the old stream's first chunk, its last chunk, the revision's response)."""
+    c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    stream = await c.completions.create(
+        model=model,
+        prompt=old,
+        max_tokens=old_max,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped(scope)},
+    )
+    chunks = []
+    async for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == read:
+            break
+    revised = await c.completions.create(
+        model=model,
+        prompt=new,
+        max_tokens=new_max,
+        temperature=0,
+        extra_body={"ignore_eos": True, **scoped(scope)},
+    )
+    chunks += await read_stream(stream)
+    await c.close()
+    return chunks[0], chunks[-1], revised
+
+
 def cancel(server: RetireServer, scope: str, tenant: str | None = None) -> httpx.Response:
     headers = {"x-retire-tenant": tenant} if tenant else {}
     return httpx.post(f"{server.base}/v1/scopes/{scope}/cancel", headers=headers)

@@ -14,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
-from typing import Any
 
 import openai
 import pytest
 
 from retire_bench.servers import RetireServer
-from retire_vllm.client import read_stream, scoped, stamp
+from retire_vllm.client import scoped, stamp
 from retire_vllm.serving import wire
-from tests.vllm.test_serving import cancel, complete, prompt, status
+from tests.vllm.test_serving import cancel, complete, prompt, revise_mid_stream, status
 
 pytestmark = pytest.mark.vllm
 
@@ -48,29 +47,6 @@ def scope_on(rank: int) -> str:
     )
 
 
-async def _revise_running(base: str, model: str, scope: str, old: list[int], new: list[int]) -> Any:
-    c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
-    stream = await c.completions.create(
-        model=model,
-        prompt=old,
-        max_tokens=2000,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True, **scoped(scope)},
-    )
-    first = await stream.__anext__()
-    revised = await c.completions.create(
-        model=model,
-        prompt=new,
-        max_tokens=12,
-        temperature=0,
-        extra_body={"ignore_eos": True, **scoped(scope)},
-    )
-    rest = await read_stream(stream)
-    await c.close()
-    return stamp(first), (rest or [first])[-1], revised
-
-
 @pytest.mark.parametrize("rank", [0, 1])
 def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank: int) -> None:
     client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
@@ -88,9 +64,9 @@ def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank:
 
     third = [*revised[:140], *prompt(60 + rank, 30)]  # 4 blocks with version 1, while it runs
     first_old, last_old, new = asyncio.run(
-        _revise_running(server.base, server.model, scope, revised, third)
+        revise_mid_stream(server.base, server.model, scope, revised, third)
     )
-    assert first_old == (scope, 2)
+    assert stamp(first_old) == (scope, 2)
     assert last_old.choices[0].finish_reason == "superseded"
     assert stamp(new) == (scope, 3)
     assert new.choices[0].text == complete(client, server.model, third, 12).choices[0].text

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import openai
 import pytest
@@ -22,8 +21,8 @@ import pytest
 from retire_bench.servers import RetireServer
 from retire_bench.shapes import speculative_config
 from retire_vllm import identity
-from retire_vllm.client import read_stream, scoped, stamp
-from tests.vllm.test_serving import cancel, complete, prompt, status
+from retire_vllm.client import stamp
+from tests.vllm.test_serving import cancel, complete, prompt, revise_mid_stream, status
 
 pytestmark = pytest.mark.vllm
 
@@ -44,39 +43,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
     assert {"write_draft", "verify_drafts"} <= seen, seen
 
 
-async def _revise_after(base: str, model: str, scope: str, read: int, succ: list[int]) -> Any:
-    c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
-    old = await c.completions.create(
-        model=model,
-        prompt=prompt(200 + read, 150),
-        max_tokens=400,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True, **scoped(scope)},
-    )
-    chunks = []
-    async for ch in old:
-        chunks.append(ch)
-        if len(chunks) == read:
-            break
-    new = await c.completions.create(
-        model=model,
-        prompt=succ,
-        max_tokens=24,
-        temperature=0,
-        extra_body={"ignore_eos": True, **scoped(scope)},
-    )
-    rest = await read_stream(old)
-    await c.close()
-    return (chunks + rest)[-1], new
-
-
 @pytest.mark.parametrize("read", [1, 6, 19])
 def test_a_revision_while_drafts_are_in_flight(server: RetireServer, read: int) -> None:
     scope = f"spec-{read}"
     pred = prompt(200 + read, 150)
     succ = [*pred[:100], *prompt(300 + read, 30)]
-    last_old, new = asyncio.run(_revise_after(server.base, server.model, scope, read, succ))
+    _, last_old, new = asyncio.run(
+        revise_mid_stream(
+            server.base, server.model, scope, pred, succ, read=read, old_max=400, new_max=24
+        )
+    )
     assert stamp(last_old) == (scope, 0)
     assert last_old.choices[0].finish_reason == "superseded"
     assert stamp(new) == (scope, 1)
