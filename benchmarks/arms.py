@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import attrs
 import openai
 
-from retire_vllm.client import ScopeReader, scoped
+from retire_vllm.client import ScopeReader, each_chunk, scoped
 
 Prompt = Sequence[int]
 Sending = Coroutine[Any, Any, None]
@@ -146,7 +146,7 @@ class App:
 
     async def _read(self, stream: Stream) -> None:
         try:
-            async for raw in stream.handle:
+            async for raw in each_chunk(stream.handle):
                 if not raw.choices:
                     continue
                 choice = raw.choices[0]

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import openai
 
-from retire_vllm.client import scoped
+from retire_vllm.client import each_chunk, read_stream, scoped
 
 from .servers import RetireServer, Server, StockServer
 
@@ -65,7 +65,7 @@ async def _one(
         extra_body=body,
     )
     first = last = float("nan")
-    async for chunk in stream:
+    async for chunk in each_chunk(stream):
         if chunk.choices and chunk.choices[0].text:
             last = time.perf_counter()
             if first != first:  # NaN: the first token
@@ -125,7 +125,7 @@ async def _revision_latency(server: RetireServer, trials: int) -> dict[str, list
             stream: Any = old, done: asyncio.Future[float] = end, first: asyncio.Event = started
         ) -> None:
             n = 0
-            async for chunk in stream:
+            async for chunk in each_chunk(stream):
                 n += 1
                 if n == 3:
                     first.set()
@@ -147,8 +147,7 @@ async def _revision_latency(server: RetireServer, trials: int) -> dict[str, list
         )
         accepted.append(time.perf_counter() - sent)
         closed.append(await end - sent)
-        async for _ in new:
-            pass
+        await read_stream(new)
         await reader
         async with httpx.AsyncClient() as h:
             (await h.post(f"{server.base}/v1/scopes/{scope}/cancel")).raise_for_status()

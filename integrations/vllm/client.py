@@ -5,15 +5,15 @@ or in an application's reader queue. ``ScopeReader`` applies the publication rul
 application reads: every chunk of a scoped response carries ``"retire": {"scope", "version"}``
 and every scoped response the header ``x-retire-version``; once the reader has seen version ``v``
 of a scope accepted, a chunk of an older version of that scope is dropped. ``scoped`` builds the
-``extra_body`` that puts a request under a scope. ``read_stream`` reads a streamed response to its
-end without holding up the other requests of the same event loop (a revision sent beside the old
-stream). Nothing here talks to the server by itself.
+``extra_body`` that puts a request under a scope. ``each_chunk`` iterates a streamed response, and
+``read_stream`` reads it to its end, without holding up the other requests of the same event loop
+(a revision sent beside the old stream). Nothing here talks to the server by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, TypeVar
 
 from .serving.wire import HEADER_VERSION
@@ -29,16 +29,19 @@ def scoped(scope: str, tenant: str | None = None, **extra: Any) -> dict[str, Any
     return {**extra, "vllm_xargs": {**extra.get("vllm_xargs", {}), **xargs}}
 
 
-async def read_stream(stream: AsyncIterable[_T]) -> list[_T]:
-    """Every chunk of ``stream``, yielding to the event loop after each. Chunks already buffered
-    are read without suspending, so a long stream read in one loop would otherwise hold up every
-    other request of that loop: a revision sent beside it is then sent only once the old stream
-    has been read to its end (and the old version may run to its end first)."""
-    chunks = []
+async def each_chunk(stream: AsyncIterable[_T]) -> AsyncIterator[_T]:
+    """The chunks of ``stream``, yielding to the event loop after each. Chunks already buffered
+    are read without suspending, so a long stream read in one plain ``async for`` would hold up
+    every other request of that loop: a revision sent beside it is then sent only once the old
+    stream has been read to its end (and the old version may run to its end first)."""
     async for chunk in stream:
-        chunks.append(chunk)
+        yield chunk
         await asyncio.sleep(0)
-    return chunks
+
+
+async def read_stream(stream: AsyncIterable[_T]) -> list[_T]:
+    """Every chunk of ``stream`` (through ``each_chunk``)."""
+    return [chunk async for chunk in each_chunk(stream)]
 
 
 def stamp(obj: Any) -> tuple[str, int] | None:
