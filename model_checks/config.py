@@ -14,7 +14,8 @@ import attrs
 import retire_core as rc
 from retire_checks.abstraction import Universe
 from retire_checks.environment import Budget
-from retire_checks.lockstep import Lockstep, StepMemo
+from retire_checks.lockstep import Lockstep
+from retire_checks.step_memo import StepMemo
 from retire_spec.actions import Action
 from retire_spec.invariants import INVARIANTS, Invariant
 from retire_spec.schema import Bounds

@@ -371,7 +371,7 @@ class LockstepMachine(RuleBasedStateMachine):
         ``Lockstep.batch`` checks the batch against the same moves one at a time (same state,
         commands, transitions and log lines; all or nothing when one is refused)."""
         if data.draw(st.booleans()):
-            frames = self.ls.in_flight()
+            frames = [f for f, st_ in enumerate(self.ls.spec["frame_state"]) if st_ == IN_FLIGHT]
             if not frames:
                 return
             chosen = data.draw(st.lists(st.sampled_from(frames), min_size=1, unique=True))

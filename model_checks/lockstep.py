@@ -4,7 +4,8 @@
 environment (Hypothesis rules, the explorer, a test) calls ``env(...)`` with a spec action of an
 engine or user: world-only actions (a frame emitted into a queue, a page's bytes corrupted) change
 the spec alone; every other action is turned into the core event the engine would report, the core
-steps, and each transition it reports is replayed as a spec action whose guard must hold.
+steps, and each transition it reports is replayed as a spec action whose guard must hold (the
+translations both ways, and the checks of what the core said, are ``correspondence``'s).
 Afterwards the core's abstraction must equal the spec's control columns, the commands must agree
 with the transitions, and every invariant must hold. Any disagreement raises ``RefinementError``
 with the step that caused it. The engine's answers to commands (the byte check after
@@ -26,7 +27,9 @@ from retire_checks.abstraction import (
     abstract_control_cells,
     fast_canonical,
 )
-from retire_checks.engine import Books, CommandViolation, books_of, launchable_after, obey
+from retire_checks.correspondence import command_mismatch, core_event, misreported, spec_instance
+from retire_checks.engine import CommandViolation, books_of, launchable_after, obey
+from retire_checks.step_memo import StepMemo
 from retire_spec.actions import ACTION_BY_NAME, Action, ActionInstance
 from retire_spec.codegen import Predicate, Successor, compiler
 from retire_spec.expr import Concrete
@@ -36,14 +39,11 @@ from retire_spec.schema import (
     COLUMN_INDEX,
     CONTROL_COLUMNS,
     FINISHED,
-    FRAME_KINDS,
     IN_FLIGHT,
     SpecState,
     initial_state,
 )
 
-KIND_OF = {0: rc.FrameKind.TOKEN, 1: rc.FrameKind.COMMIT, 2: rc.FrameKind.INSTALL}
-KIND_NUM = {v: k for k, v in KIND_OF.items()}
 WORLD_ONLY = frozenset({"emit", "corrupt"})
 FAULTS = frozenset({"corrupt", "reuse_id"})
 
@@ -63,10 +63,6 @@ class Outcome:
     commands: tuple[rc.Command, ...]
     transitions: tuple[rc.Transition, ...]
     spec_steps: tuple[ActionInstance, ...]
-
-
-def _contract(reuse: bool) -> rc.Contract:
-    return rc.DEFAULT_CONTRACT if reuse else rc.COLD_CONTRACT
 
 
 class _Lines:
@@ -89,94 +85,8 @@ class _Quiet:
         raise AssertionError("INFO is off")
 
 
-class StepMemo:
-    """Caches of the pure functions a lock-step search evaluates over and over: the core's
-    ``step`` on a (core state, event) pair (with the spec instances its transitions stand for,
-    its commands already checked against them, and their compiled successor functions), spec
-    effects on a (spec state, action instance) pair, the abstraction of a (core state,
-    launched participants) pair and the engine's books of a core state. Sound because
-    ``retire_core.step``, the spec and the abstraction are pure functions of their arguments;
-    one memo serves one core and one action table (a mutant gets its own). Equal core and spec
-    states are interned (one object each), so the hot tables are keyed by object identity:
-    an entry keyed by ``id(x)`` always holds ``x`` itself, so the id cannot be reused by
-    another object while the entry exists (a miss on an equal but distinct object only costs a
-    recomputation). ``trim`` empties every cache once the memo holds ``limit`` entries."""
-
-    __slots__ = (
-        "abstract",
-        "books",
-        "cores",
-        "events",
-        "limit",
-        "size",
-        "spec",
-        "specs",
-        "tables",
-    )
-
-    def __init__(self, limit: int = 300_000) -> None:
-        self.limit = limit
-        self.size = 0  # entries added to the core tables since the last trim
-        self.spec: dict[tuple[SpecState, ActionInstance], SpecState | None] = {}
-        # validated core events by what they are built from: key -> (move, event, core table)
-        self.events: dict[Any, tuple[Any, Any, dict[int, Any]]] = {}
-        # core table of events that are not built from a move (byte-check reports)
-        self.tables: dict[Any, dict[int, Any]] = {}
-        # control columns of the abstraction, by (core state id, launched participants)
-        self.abstract: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
-        # one object per distinct core / spec state, so that memo hits compare by identity
-        self.cores: dict[Any, Any] = {}
-        # (keyed by the cells tuple: a C-level hash and comparison; equal cells, equal states)
-        self.specs: dict[tuple[Any, ...], SpecState] = {}
-        # the engine's books of a core state (``engine.books_of``), by the state's identity
-        self.books: dict[int, tuple[Any, Books]] = {}
-
-    def books_of(self, core: rc.CoreState) -> Books:
-        # each entry holds its state, so the id is not reused while the entry exists
-        found = self.books.get(id(core))
-        if found is None:
-            found = self.books[id(core)] = (core, books_of(core))
-        return found[1]
-
-    def trim(self) -> None:
-        if self.size >= self.limit:
-            self.events.clear()
-            self.tables.clear()
-            self.size = 0
-        for cache in (self.spec, self.abstract, self.cores, self.specs, self.books):
-            if len(cache) >= self.limit:
-                cache.clear()
-
-
 _REJECTED = object()
 _MISSING: Any = object()
-# Command class, the field naming its frame(s) or page(s), and the transition that must match.
-_COMMAND_CHECKS: tuple[tuple[str, type, str], ...] = (
-    ("Publish", rc.Publish, "frame"),
-    ("Drop", rc.Drop, "frame"),
-    ("AllowWrite", rc.AllowWrite, "page"),
-    ("FenceWrite", rc.FenceWrite, "page"),
-    ("Free", rc.Free, "pages"),
-    ("Adopt", rc.Adopt, "pages"),
-    ("PinCertified", rc.PinCertified, "certificate"),
-)
-_TRANSITION_CHECKS: dict[str, tuple[str, str]] = {
-    "publish": ("Publish", "frame"),
-    "drop": ("Drop", "frame"),
-    "write": ("AllowWrite", "page"),
-    "write_draft": ("AllowWrite", "page"),
-    "fence_write": ("FenceWrite", "page"),
-    "free": ("Free", "page"),
-    "adopt": ("Adopt", "page"),
-    "certify": ("PinCertified", "page"),
-}
-# The check of each command class, by exact class (a command of any other class, or of a class
-# derived from another checked one, is matched by isinstance against every check).
-_COMMAND_BY_TYPE: dict[type, tuple[str, type, str]] = {
-    cls: (n, cls, a)
-    for n, cls, a in _COMMAND_CHECKS
-    if not any(other is not cls and issubclass(cls, other) for _, other, _ in _COMMAND_CHECKS)
-}
 _NOTHING = Outcome((), (), ())
 # ``Lockstep.plan``'s kinds of move (the core moves first, ordered as the explorer tests them).
 BY_MOVE, BY_LAUNCH, BY_FRAME, BY_PAGE_DATA, WORLD, OTHER = range(6)
@@ -200,38 +110,6 @@ def launched_after(
         else:
             out[q] = sv
     return out
-
-
-_WRITES = ("write", "write_draft", "fence_write")
-_VERIFICATIONS = ("verify_drafts", "stale_verify")
-
-
-def _misreported(event: Any, transitions: Sequence[rc.Transition]) -> str:
-    """What the core's transitions say the engine did, where that is not what the event
-    reported (the spec steps take the world's part of a write, its bytes, from the
-    transitions, so a core that logs a draft write as a verified one, or a rejected
-    verification as an accepted one, would otherwise pass unseen); "" when they agree. A write
-    attempt is one ``write`` (``write_draft`` for drafts) or ``fence_write`` of its page,
-    participant and completion; a verification one ``verify_drafts`` or ``stale_verify`` of
-    its page and verdict."""
-    t = type(event)
-    if t is rc.WriteAttempted:
-        kinds = ("write_draft" if event.draft else "write", "fence_write")
-        found = [x for x in transitions if x.action in _WRITES]
-        want = (event.page, event.participant, event.completes)
-        if len(found) != 1 or found[0].action not in kinds:
-            return f"the write attempt {event} was logged as {[x.action for x in found]}"
-        x = found[0]
-        if (x.arg("page"), x.arg("participant"), x.arg("completes")) != want:
-            return f"the write attempt {event} was logged as {x.action} with {x.args}"
-    elif t is rc.DraftsVerified:
-        found = [x for x in transitions if x.action in _VERIFICATIONS]
-        if len(found) != 1 or (found[0].arg("page"), found[0].arg("completes")) != (
-            event.page,
-            event.completes,
-        ):
-            return f"the verification {event} was logged as {[(x.action, x.args) for x in found]}"
-    return ""
 
 
 class Lockstep:
@@ -585,65 +463,7 @@ class Lockstep:
         return key
 
     def _event_for(self, inst: ActionInstance) -> Any:
-        u, a = self.uni, inst.args
-        n = inst.name
-        if n == "open":
-            s, ctx, reuse = a
-            return rc.Submit(
-                u.scopes[s], u.tenants[s], u.fingerprint(s), tuple(ctx), _contract(reuse)
-            )
-        if n == "supersede":
-            s, ctx, reuse = a
-            return rc.Supersede(u.scopes[s], tuple(ctx), _contract(reuse))
-        if n in ("pause", "unpause", "cancel", "forget"):
-            cls = {
-                "pause": rc.Pause,
-                "unpause": rc.Unpause,
-                "cancel": rc.Cancel,
-                "forget": rc.Forget,
-            }[n]
-            return cls(u.scopes[a[0]])
-        if n == "launch":
-            q, s, v = a
-            return rc.ParticipantStarted(u.scopes[s], v, u.parts[q])
-        if n == "finish":
-            s, v = a
-            return rc.VersionFinished(u.scopes[s], v)
-        if n == "receipt" or n == "receipt_again":
-            (q,) = a
-            s, v = self.launched[q]
-            return rc.Receipt(u.scopes[s], v, u.parts[q])
-        if n == "deliver":
-            (f,) = a
-            s, v, k = (
-                self.spec["frame_scope"][f],
-                self.spec["frame_ver"][f],
-                self.spec["frame_kind"][f],
-            )
-            return rc.FrameArrived(u.scopes[s], v, f, KIND_OF[k])
-        if n == "allocate":
-            p, q, i = a
-            s, v = self.launched[q]
-            return rc.PageAllocated(u.scopes[s], v, u.parts[q], p, i)
-        if n == "attempt_write" or n == "attempt_draft":
-            p, q, done = a
-            s, v = self.launched[q]
-            return rc.WriteAttempted(
-                u.scopes[s], v, u.parts[q], p, done, draft=n == "attempt_draft"
-            )
-        if n == "verify_drafts":
-            p, done = a
-            return rc.DraftsVerified(p, done)
-        if n == "close_writer":
-            (p,) = a
-            return rc.WriterClosed(p, str(self.spec["page_data"][p]))
-        if n == "reuse_id":
-            (p,) = a
-            return rc.PageReused(p)
-        if n == "evict":
-            (p,) = a
-            return rc.PageEvicted(p)
-        raise ValueError(f"no core event for {inst}")
+        return core_event(inst, self.uni, self.spec, self.launched)
 
     # --- one core step ------------------------------------------------------------------------
     def feed(
@@ -755,7 +575,7 @@ class Lockstep:
             raise RefinementError(
                 f"the engine cannot obey the commands: {err} (after {self._last()})"
             ) from err
-        wrong = _misreported(event, result.transitions)
+        wrong = misreported(event, result.transitions)
         if wrong:
             raise RefinementError(f"{wrong} (after {self._last()})")
         steps = tuple([si for si, _ in compiled])
@@ -778,77 +598,16 @@ class Lockstep:
         return found  # type: ignore[no-any-return]
 
     def _spec_instance(self, t: rc.Transition) -> ActionInstance | None:
-        u = self.uni
-        s = u.scope_slot(t.scope) if t.scope is not None else None
-        n = t.action
-        if n in rc.transitions.STUTTERS:
-            return None
-        if n in ("open", "supersede"):
-            rec = self.core_after_scope(t.scope)
-            return ActionInstance(n, (s, tuple(int(k) for k in rec[0]), rec[1]))
-        if n in ("pause", "unpause", "cancel", "resume", "finish", "forget"):
-            return ActionInstance(n, (s,))
-        if n == "launch":
-            return ActionInstance(n, (u.part_slot(t.arg("participant")), s, t.version))
-        if n == "receipt":
-            return ActionInstance(n, (u.part_slot(t.arg("participant")),))
-        if n in ("publish", "drop"):
-            return ActionInstance(n, (t.arg("frame"),))
-        if n == "allocate":
-            return ActionInstance(
-                n, (t.arg("page"), u.part_slot(t.arg("participant")), t.arg("position"))
-            )
-        if n in ("write", "write_draft", "fence_write"):
-            return ActionInstance(
-                n, (t.arg("page"), u.part_slot(t.arg("participant")), t.arg("completes"))
-            )
-        if n == "verify_drafts":
-            return ActionInstance(n, (t.arg("page"), t.arg("completes")))
-        if n in ("close_writer", "unhold", "free", "reuse_id", "evict"):
-            return ActionInstance(n, (t.arg("page"),))
-        if n in ("certify", "adopt", "release"):
-            return ActionInstance(n, (s, t.arg("page")))
-        raise RefinementError(f"the core reported a transition the spec does not know: {n}")
-
-    def core_after_scope(self, scope: str | None) -> tuple[tuple[Any, ...], bool]:
-        # ``open``/``supersede`` carry the context and reuse flag of the event being processed.
-        ev = self._current_event
-        return tuple(ev.context), ev.contract.allows_reuse
+        try:
+            return spec_instance(t, self.uni, self._current_event)
+        except ValueError as err:
+            raise RefinementError(str(err)) from err
 
     def _check_commands(self, result: rc.Step | Outcome) -> None:
         """Each kind of command names exactly the frames or pages its transitions name."""
-        if not result.commands and not any(
-            t.action in _TRANSITION_CHECKS for t in result.transitions
-        ):
-            return
-        commanded: dict[str, list[Any]] = {}
-        for c in result.commands:
-            found = _COMMAND_BY_TYPE.get(type(c))
-            matches = (found,) if found is not None else _COMMAND_CHECKS
-            for name, cls, attr in matches:
-                if isinstance(c, cls):
-                    value = getattr(c, attr)
-                    got = commanded.setdefault(name, [])
-                    if attr == "frame" or attr == "page":
-                        got.append(value)
-                    else:
-                        got.extend(value.pages if attr == "certificate" else value)
-        transitioned: dict[str, list[Any]] = {}
-        for t in result.transitions:
-            found_t = _TRANSITION_CHECKS.get(t.action)
-            if found_t is not None:
-                transitioned.setdefault(found_t[0], []).append(t.arg(found_t[1]))
-        if not commanded and not transitioned:
-            return
-        for name, _, _ in _COMMAND_CHECKS:
-            if name not in commanded and name not in transitioned:
-                continue
-            got, want = commanded.get(name, []), transitioned.get(name, [])
-            if (got or want) and sorted(got) != sorted(want):
-                raise RefinementError(
-                    f"{name} commands {sorted(got)} disagree with transitions {sorted(want)} "
-                    f"(after {self._last()})"
-                )
+        wrong = command_mismatch(result.commands, result.transitions)
+        if wrong:
+            raise RefinementError(f"{wrong} (after {self._last()})")
 
     def check_state(self, canon: SpecState | None = None) -> None:
         """Refinement of the current state (core abstraction == spec control columns) and every
@@ -959,17 +718,10 @@ class Lockstep:
         steps = tuple(si for o in outcomes for si in o.spec_steps)
         return Outcome(tuple(commands), want_transitions, steps)
 
-    # --- convenience for drivers ------------------------------------------------------------
-    def in_flight(self) -> list[int]:
-        return [f for f, st in enumerate(self.spec["frame_state"]) if st == IN_FLIGHT]
-
 
 __all__ = [
-    "FRAME_KINDS",
-    "KIND_NUM",
     "Lockstep",
     "Outcome",
     "RefinementError",
     "SpecState",
-    "StepMemo",
 ]

@@ -52,10 +52,10 @@ from retire_checks.lockstep import (
     BY_MOVE,
     WORLD,
     RefinementError,
-    StepMemo,
     launched_after,
 )
 from retire_checks.probes import ProbeTally, dynamic_hits
+from retire_checks.step_memo import StepMemo
 from retire_checks.symmetry import Symmetry, core_class
 from retire_core.frozen import FrozenMap
 from retire_spec.actions import Action, ActionInstance

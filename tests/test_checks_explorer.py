@@ -27,8 +27,9 @@ from retire_checks.explorer import (
     explore,
     run_profile,
 )
-from retire_checks.lockstep import Lockstep, RefinementError, StepMemo
+from retire_checks.lockstep import Lockstep, RefinementError
 from retire_checks.shard import Shard, dump_batch
+from retire_checks.step_memo import StepMemo
 from retire_checks.symmetry import Symmetry, check_encoder_covers_core, core_class
 from retire_core import reclaim
 from retire_spec.actions import ACTION_BY_NAME, ActionInstance
