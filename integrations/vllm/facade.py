@@ -29,7 +29,8 @@ The events one hook observes reach the core together, in the order listed, throu
 ``Retire.handle_batch`` (one call per hook and per ``consume``; the same decisions as one by one).
 Receipts of a fenced request go one at a time, since each can admit the successor.
 
-Command -> action (``facade_commands.FacadeCommands``, the one executor): ``Publish``/``Drop``
+Command -> action (``executor.CommandExecutor``, the one executor, shared with the serving engine
+side; ``facade_commands.FacadeCommands`` completes it for this engine): ``Publish``/``Drop``
 deliver or discard the frame (a dropped ``COMMIT`` refuses the step's commit); ``Fence`` aborts the
 requests (deferred to the step boundary while a step runs) and reports ``WriterClosed`` for their
 open pages and a ``Receipt`` per participant (ranks through ``collective_rpc``); ``AllowWrite``
@@ -76,7 +77,6 @@ from retire_core import (
     Submit,
     Supersede,
     Unpause,
-    WriterClosed,
 )
 
 from . import identity, observe
@@ -198,9 +198,9 @@ class RetireEngine:
         self.dead: EngineDeadError | None = None
 
         # Every retention, pin and handoff reference on a vLLM block, with its generation stamp.
-        self.commands = FacadeCommands(self)  # carries out every command the core returns
         self.ledger = BlockLedger(self.pool)
         self.pages = self.ledger.refs  # block id -> BlockRef (what the facade retains)
+        self.commands = FacadeCommands(self)  # carries out every command the core returns
         self.spy = self.ledger.spy
         self.spy.listeners.append(self._on_blocks_handed_out)
         self.initial_free_blocks = self.pool.get_num_free_blocks()
@@ -691,20 +691,7 @@ class RetireEngine:
 
     def _close_completed_writers(self) -> None:
         completed, self._completed = self._completed, []
-        self.close_writers(completed)
-
-    def close_writers(self, blocks: Iterable[int]) -> None:
-        """``WriterClosed`` with the digest of its KV bytes for each of ``blocks`` whose writer is
-        still open, to the core in one batch."""
-        pages = self.pages
-        todo = [p for p in dict.fromkeys(blocks) if p in pages and pages[p].writer_open]
-        if not todo:
-            return
-        events: list[Event] = []
-        for page, digest in self.read_digests(todo).items():
-            pages[page].writer_open = False
-            events.append(WriterClosed(page, digest))
-        self.emit_batch(events)
+        self.commands.close_writers(completed)
 
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
         """GenerationSpy listener: a block id we still retain went to a new owner."""

@@ -1,218 +1,78 @@
-"""``FacadeCommands``: the in-process facade's one executor of ``retire_core`` commands.
+"""``FacadeCommands``: the in-process facade's side of the one command executor.
 
 ``RetireEngine`` (``facade``) observes vLLM, builds events and hands them to the core; every command
-the core returns comes here, is queued, and is carried out in order against vLLM and the facade's
-records: ``Publish``/``Drop`` are counted (the caller that handed the frame over reads its fate from
-the commands it got back), ``Fence`` aborts the requests (deferred to the step boundary while a step
-runs), closes their open writers and delivers the receipts, ``PinCertified`` pins the certified
-blocks and queues the byte check (sent at the next step boundary), ``Adopt``/``Unpin``/``Free`` move
-the block ledger's references, and ``Admit`` adds the version's request to the engine. Nothing here
-decides protocol, and nothing here observes a scheduler step: the events it reports (writer closures
-and receipts of a fenced or finished request, the byte check, a started participant) are the direct
-consequences of carrying out a command or of a request the facade saw finish.
+the core returns is carried out by ``executor.CommandExecutor``, which this class completes for a
+hand-stepped ``LLMEngine``: an event the executor's work produces goes through the facade's
+``emit`` (so a test's injected fault sees it); ``Fence`` aborts the request in the engine;
+``Admit`` adds the version's request to the engine under its cache salt; a byte check always
+waits for the next step boundary (``RetireEngine.step`` sends it there, or keeps it back for a scope
+whose admission a test holds); and every command's effect is written into the facade's records
+and statistics, which the checker and the benchmarks read. Nothing here decides protocol.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from retire_core import (
     Admit,
     Adopt,
-    AdoptionReport,
     AllowWrite,
     Certificate,
     Command,
     Drop,
+    Event,
     Fence,
-    FenceWrite,
-    Free,
-    PageDigest,
     ParticipantStarted,
-    PinCertified,
     Publish,
-    Receipt,
-    Unpin,
 )
 
 from . import observe
-from .errors import EngineDeadError, IntegrationError, IsolationError
+from .errors import EngineDeadError, IntegrationError
+from .executor import CommandExecutor
 from .facade_records import FacadeRequest
-from .serving.ledger import VERIFICATION_FAILURES
 
 if TYPE_CHECKING:
     from .facade import RetireEngine
 
 
-class FacadeCommands:
+class FacadeCommands(CommandExecutor):
     """Carries out the commands of one ``RetireEngine``'s core, in the order they came."""
 
     def __init__(self, facade: RetireEngine) -> None:
+        super().__init__(facade.ledger, facade.reqs, facade.participant_rid, facade.executor)
         self.facade = facade
-        self._queue: deque[Command] = deque()
-        self._draining = False
-        self.in_step = False  # fences wait for the step boundary while this is set
-        self.deferred: list[Fence] = []
-        self.pending_reports: dict[tuple[str, int], Certificate] = {}
-        self._salts = itertools.count()
 
     def run(self, commands: Iterable[Command]) -> None:
-        """Carry out ``commands``; a command carried out while another is (a receipt admitting
-        a successor, say) waits its turn in the queue."""
-        queue = self._queue
-        queue.extend(commands)
-        if self._draining:
-            return
-        self._draining = True
-        handlers = _HANDLERS
         try:
-            while queue:
-                cmd = queue.popleft()
-                handler = handlers.get(type(cmd))
-                if handler is None:  # pragma: no cover - the Command union is closed
-                    raise TypeError(f"unknown command {cmd!r}")
-                handler(self, cmd)
+            super().run(commands)
         except EngineDeadError as err:
             # The rest of the queue is never carried out: nothing more runs on a dead engine.
             self.facade.dead = err
             raise
-        finally:
-            self._draining = False
-            queue.clear()
 
-    def run_deferred(self) -> None:
-        """The fences that arrived during the step just ended."""
-        deferred, self.deferred = self.deferred, []
-        self.run(deferred)
+    # ---- what the facade says --------------------------------------------------------------------
 
-    def _allow_write(self, cmd: AllowWrite) -> None:
-        self.facade.stats.writes_allowed += 1
+    def decide(self, events: list[Event]) -> list[Command]:
+        return self.facade.retire.handle_batch(events)
 
-    def _fence_or_defer(self, cmd: Fence) -> None:
-        if self.in_step:
-            self.deferred.append(cmd)
-            self.facade.stats.fences_deferred += 1
-        else:
-            self._fence(cmd)
+    def report(self, event: Event) -> None:
+        self.facade.emit(event)
 
-    def _fence_write(self, cmd: FenceWrite) -> None:
-        raise IsolationError(
-            f"the core fenced a write of {cmd.participant} into block {cmd.page} "
-            f"({cmd.reason}); vLLM cannot stop a scheduled write"
-        )
-
-    # ---- frames ---------------------------------------------------------------------------------
-
-    def _publish(self, cmd: Publish) -> None:
-        self.facade.stats.frames_published += 1  # the frame's caller delivers it
-
-    def _drop(self, cmd: Drop) -> None:
-        self.facade.stats.frames_dropped += 1  # the frame's caller discards it
-
-    # ---- fencing and receipts ------------------------------------------------------------------
-
-    def _fence(self, cmd: Fence) -> None:
+    def stop(self, req: FacadeRequest, cmd: Fence) -> None:
         f = self.facade
-        f.stats.fences += 1
-        by_request: dict[str, list[str]] = {}
-        for participant in cmd.participants:
-            by_request.setdefault(f.participant_rid[participant], []).append(participant)
-        for rid, participants in by_request.items():
-            req = f.reqs[rid]
-            req.record.fenced = True
-            if rid in f.scheduler.requests:
-                f.engine.abort_request([rid], internal=True)
-            self.close_request(req, tuple(participants))
+        if req.rid in f.scheduler.requests:
+            f.engine.abort_request([req.rid], internal=True)
 
-    def close_request(self, req: FacadeRequest, participants: Sequence[str]) -> None:
-        """Close the writers of the request's open pages, then deliver receipts: ranks first (each
-        worker answers after any step in flight), the request last."""
-        f = self.facade
-        rec = req.record
-        self.release_handoff_pins(req)
-        f.close_writers(req.pages)
-        todo = [p for p in participants if p not in req.closed]
-        ranks = [p for p in todo if p != req.rid]
-        if ranks:
-            rec.rank_receipts.extend(
-                observe.rank_receipts(f.executor, req.rid, ranks, req.block_ids)
-            )
-        for participant in [*ranks, *(p for p in todo if p == req.rid)]:
-            req.closed.add(participant)
-            rec.receipts[participant] = f.clock()
-            f.emit(Receipt(req.scope, req.version, participant))
-        if rec.closed and rec.closed_at is None:
-            rec.closed_at = f.clock()
+    def read_digests(self, pages: Sequence[int]) -> dict[int, str]:
+        return self.facade.read_digests(pages)
 
-    # ---- pins, byte checks, adoption and freeing -------------------------------------------------
+    def digest_for_adoption(self, pages: Sequence[int]) -> dict[int, str]:
+        return self.facade.digest_for_adoption(pages)
 
-    def _pin(self, cmd: PinCertified) -> None:
-        f = self.facade
-        certificate = cmd.certificate
-        rec = f.records[certificate.scope].version(certificate.version)
-        rec.certificate = tuple(
-            (e.page, e.position, e.generation, e.digest) for e in certificate.entries
-        )
-        for entry in certificate.entries:
-            f.ledger.pin(entry.page, for_version=certificate.version)
-            f.stats.pins += 1
-        self.pending_reports[(certificate.scope, certificate.version)] = certificate
-
-    def send_reports(self, held: set[str]) -> None:
-        """The byte check of every pending certificate whose scope is not in ``held``."""
-        f = self.facade
-        for key in sorted(self.pending_reports):
-            scope, version = key
-            if scope in held:
-                continue
-            certificate = self.pending_reports.pop(key)
-            pages = list(certificate.pages)
-            digests = f.digest_for_adoption(pages)
-            f.records[scope].version(version).adoption_report = dict(digests)
-            report = tuple(PageDigest(p, digests[p]) for p in pages)
-            f.emit(AdoptionReport(scope, version, report))
-
-    def _adopt(self, cmd: Adopt) -> None:
-        f = self.facade
-        rec = f.records[cmd.scope].version(cmd.version)
-        rec.adopted_pages = tuple(cmd.pages)
-        f.stats.adopted_pages += len(cmd.pages)
-        for p in cmd.pages:
-            f.ledger.adopt(p, cmd.scope, cmd.version)
-
-    def _unpin(self, cmd: Unpin) -> None:
-        f = self.facade
-        failed = cmd.reason in VERIFICATION_FAILURES
-        for p in cmd.pages:
-            page = f.pages.get(p)
-            if page is not None and page.pins and page.cert_version is not None:
-                rec = f.records[page.scope].version(page.cert_version)
-                rec.released.append((p, cmd.reason))
-            f.ledger.unpin(p, evict=failed)  # a failed page is never a prefix hit again
-            f.stats.released_pages += 1
-
-    def release_handoff_pins(self, req: FacadeRequest) -> None:
-        pins, req.handoff_pins = req.handoff_pins, []
-        for p in pins:
-            self.facade.ledger.release_handoff(p)
-
-    def _free(self, cmd: Free) -> None:
-        reqs = self.facade.reqs
-        for ref in self.facade.ledger.free(cmd.pages):  # all or nothing; one call each to the pool
-            req = reqs.get(ref.request)
-            if req is not None and ref.block in req.pages:
-                req.pages.remove(ref.block)
-        for rid in [
-            rid
-            for rid, r in reqs.items()
-            if len(r.closed) == len(r.participants) and not r.pages and not r.handoff_pins
-        ]:
-            del reqs[rid]
-
-    # ---- admission -----------------------------------------------------------------------------
+    def reports_wait_for_a_step(self) -> bool:
+        return True
 
     def cold_salt(self, scope: str) -> str:
         """A fresh physical ``cache_salt`` for a version of ``scope`` that inherits nothing: it
@@ -221,24 +81,11 @@ class FacadeCommands:
         tenant = self.facade.records[scope].tenant
         return f"retire:{self.facade.uid}:{tenant}:{scope}:{next(self._salts)}"
 
-    def _admit(self, cmd: Admit) -> None:
+    def start(self, cmd: Admit, salt: str, adopted: tuple[int, ...]) -> None:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         f = self.facade
         rec = f.records[cmd.scope].version(cmd.version)
-        adopted = rec.adopted_pages[: cmd.adopted_blocks]
-        if len(adopted) != cmd.adopted_blocks:
-            raise IntegrationError(
-                f"Admit {cmd.scope}@{cmd.version} with {cmd.adopted_blocks} adopted blocks, "
-                f"but only {len(rec.adopted_pages)} were handed over"
-            )
-        if adopted:
-            salts = {f.pages[p].salt for p in adopted}
-            if len(salts) != 1:
-                raise IntegrationError(f"adopted pages of {cmd.scope} mix cache salts {salts}")
-            salt = salts.pop()
-        else:
-            salt = self.cold_salt(cmd.scope)
         params = SamplingParams(
             temperature=0.0,
             max_tokens=rec.max_tokens,
@@ -253,9 +100,7 @@ class FacadeCommands:
         f.internal_ids[external_id] = rid
         ranks = tuple(f"{rid}/rank{r}" for r in range(f.tp)) if f.tp > 1 else ()
         participants = (rid, *ranks)
-        req = FacadeRequest(
-            rid, cmd.scope, cmd.version, participants, salt, rec, adopted=tuple(adopted)
-        )
+        req = FacadeRequest(rid, cmd.scope, cmd.version, participants, salt, rec, adopted=adopted)
         req.handoff_pins = list(adopted)  # the certificate pins, now handoff pins
         f.reqs[rid] = req
         for participant in participants:
@@ -271,18 +116,59 @@ class FacadeCommands:
         for participant in participants:
             f.emit(ParticipantStarted(cmd.scope, cmd.version, participant))
 
+    # ---- what the facade records -----------------------------------------------------------------
 
-#: What ``run`` does with each command, by its type (one dict lookup instead of an
-#: ``isinstance`` chain and a call to pass through).
-_HANDLERS: dict[type, Callable[[FacadeCommands, Any], None]] = {
-    Publish: FacadeCommands._publish,
-    AllowWrite: FacadeCommands._allow_write,
-    Drop: FacadeCommands._drop,
-    Fence: FacadeCommands._fence_or_defer,
-    FenceWrite: FacadeCommands._fence_write,
-    PinCertified: FacadeCommands._pin,
-    Adopt: FacadeCommands._adopt,
-    Unpin: FacadeCommands._unpin,
-    Admit: FacadeCommands._admit,
-    Free: FacadeCommands._free,
-}
+    def on_passed(self, cmd: Command) -> None:
+        stats = self.facade.stats  # the frame's caller delivers or discards it
+        if isinstance(cmd, Publish):
+            stats.frames_published += 1
+        elif isinstance(cmd, Drop):
+            stats.frames_dropped += 1
+        elif isinstance(cmd, AllowWrite):
+            stats.writes_allowed += 1
+        else:  # pragma: no cover - the Command union is closed
+            raise TypeError(f"unknown command {cmd!r}")
+
+    def on_fence(self, cmd: Fence, deferred: bool) -> None:
+        if deferred:
+            self.facade.stats.fences_deferred += 1
+        else:
+            self.facade.stats.fences += 1
+
+    def on_fenced(self, req: FacadeRequest) -> None:
+        req.record.fenced = True
+
+    def on_rank_receipts(self, req: FacadeRequest, answers: list[dict[str, Any]]) -> None:
+        req.record.rank_receipts.extend(answers)
+
+    def on_receipt(self, req: FacadeRequest, participant: str) -> None:
+        req.record.receipts[participant] = self.facade.clock()
+
+    def on_closed(self, req: FacadeRequest) -> None:
+        rec = req.record
+        if rec.closed and rec.closed_at is None:
+            rec.closed_at = self.facade.clock()
+
+    def on_pinned(self, certificate: Certificate) -> None:
+        f = self.facade
+        rec = f.records[certificate.scope].version(certificate.version)
+        rec.certificate = tuple(
+            (e.page, e.position, e.generation, e.digest) for e in certificate.entries
+        )
+        f.stats.pins += len(certificate.entries)
+
+    def on_reported(self, certificate: Certificate, digests: dict[int, str]) -> None:
+        rec = self.facade.records[certificate.scope].version(certificate.version)
+        rec.adoption_report = dict(digests)
+
+    def on_adopted(self, cmd: Adopt) -> None:
+        f = self.facade
+        f.records[cmd.scope].version(cmd.version).adopted_pages = tuple(cmd.pages)
+        f.stats.adopted_pages += len(cmd.pages)
+
+    def on_unpinned(self, block: int, reason: str, failed: bool) -> None:
+        f = self.facade
+        page = f.pages.get(block)
+        if page is not None and page.pins and page.cert_version is not None:
+            f.records[page.scope].version(page.cert_version).released.append((block, reason))
+        f.stats.released_pages += 1

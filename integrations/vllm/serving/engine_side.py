@@ -7,8 +7,10 @@ are handled between steps, scheduler hooks inside them, so the authority is neve
 at once.
 
 Each observation point builds its events, calls the core once (``decide``) and hands the
-commands to one non-re-entrant executor (``execute``); a caller that needs a frame's fate reads the
-``Publish``/``Drop`` in the commands it got back. Observation -> event:
+commands to the one non-re-entrant executor (``commands``: ``engine_commands.EngineCommands``, the
+serving side of ``executor.CommandExecutor``, which the in-process facade shares); a caller that
+needs a frame's fate reads the ``Publish``/``Drop`` in the commands it got back. Observation ->
+event:
 
 * ``open`` (a scoped request arrives at the API process) -> ``Submit`` or ``Supersede``;
   ``pause``/``unpause``/``cancel`` -> the user events.
@@ -25,58 +27,41 @@ commands to one non-re-entrant executor (``execute``); a caller that needs a fra
   no ``VersionFinished``: the scope keeps its pages for the revision that usually follows.
 * vLLM hands out a block the core gave back to its cache -> ``PageEvicted``.
 
-Command -> action: ``Fence`` finishes the requests in the scheduler, sends each a terminal output
-whose ``stop_reason`` names the fence (the API process ends the stream with it), closes writers and
-delivers receipts; ``PinCertified`` pins through the ledger and reads the certified bytes at once
-(no step is in flight during a utility call) for the ``AdoptionReport``; ``Adopt``, ``Unpin``,
-``Free`` and ``ReleaseToCache`` go to the ledger; ``Admit`` answers the pending ``open`` with the
-cache salt the version must run under. Outside a step nothing is deferred; inside one, fences and
-byte checks wait for the step boundary.
+Command -> action: see ``executor`` (what both hosts do) and ``engine_commands`` (what this
+process adds: a fence's terminal output, an admission answering the pending ``open``).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TextIO
 
 from retire_core import (
-    Admit,
-    Adopt,
-    AdoptionReport,
     Command,
     Drop,
     Event,
-    Fence,
-    FenceWrite,
     FrameArrived,
     FrameKind,
-    Free,
-    PageDigest,
     PageEvicted,
     PageReused,
     ParticipantStarted,
-    PinCertified,
-    Receipt,
-    ReleaseToCache,
     Retire,
     RetireError,
     ScopeState,
-    Unpin,
     VersionFinished,
-    WriterClosed,
 )
 
 from .. import introspect as ix
 from .. import observe
 from ..corelog import NullLogger, engine_log_path, json_lines_logger
-from ..errors import IntegrationError, IsolationError
+from ..errors import IntegrationError
 from . import wire
-from .ledger import VERIFICATION_FAILURES, BlockLedger, BlockRef
+from .engine_commands import EngineCommands
+from .ledger import BlockLedger
 from .records import Admission, Histogram, ManagedRequest, ScopeInfo
 from .scope_calls import ScopeCalls
 
@@ -96,12 +81,7 @@ class EngineSide:
         self.opening: dict[tuple[str, int], Future[dict[str, Any]]] = {}
         self.scopes: dict[str, ScopeInfo] = {}
         self._frame_ids = itertools.count()
-        self._salts = itertools.count()
-        self._queue: list[Command] = []
-        self._draining = False
-        self._in_step = False
-        self._deferred: list[Command] = []
-        self._deferred_reports: list[PinCertified] = []
+        self._commands: EngineCommands | None = None  # the executor, once attached
         self._completed: list[int] = []
         self._drafts: list[observe.DraftWrite] = []  # the step's draft writes, until verified
         self._fencing: set[str] = set()  # requests this side is finishing itself
@@ -147,11 +127,18 @@ class EngineSide:
         self.ledger.spy.listeners.append(self._on_blocks_handed_out)
         self.initial_free_blocks = int(self.pool.get_num_free_blocks())
         self.retire = Retire(logger=logger)
+        self._commands = EngineCommands(self)
 
     @property
     def core(self) -> Retire:
         assert self.retire is not None, "the engine side is not attached"
         return self.retire
+
+    @property
+    def commands(self) -> EngineCommands:
+        """The one executor of the core's commands (``executor.CommandExecutor``)."""
+        assert self._commands is not None, "the engine side is not attached"
+        return self._commands
 
     # ---- utility calls (from the API process): answered by ``ScopeCalls`` ------------------
 
@@ -178,7 +165,7 @@ class EngineSide:
         rid = request.request_id
         admission = self.admissions.pop((scope, version), None)
         if admission is None:  # lost authority before its request arrived
-            self._finish_from_here(rid, request.client_index, wire.FINISH_SUPERSEDED)
+            self.finish_from_here(rid, request.client_index, wire.FINISH_SUPERSEDED)
             return
         participants = (rid, *(f"{rid}/rank{r}" for r in range(self.tp) if self.tp > 1))
         req = ManagedRequest(
@@ -198,7 +185,8 @@ class EngineSide:
             "uncertified_hashes_evicted",
             observe.restrict_prefix_hit(self.pool, request, req.adopted),
         )
-        self.execute(self.decide([ParticipantStarted(scope, version, p) for p in participants]))
+        started: list[Event] = [ParticipantStarted(scope, version, p) for p in participants]
+        self.commands.run(self.decide(started))
 
     def withheld(self, scheduler: Any) -> set[str]:
         if self.retire is None or not self.reqs:
@@ -214,7 +202,7 @@ class EngineSide:
     def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
         if not self.reqs:
             return
-        self._in_step = True
+        self.commands.in_step = True
         events, allocations, writes, first_time, self._drafts = observe.schedule_events(
             self.reqs, scheduler, scheduler_output, self.ledger.refs, self.block_size
         )
@@ -226,7 +214,7 @@ class EngineSide:
         for req, bid, idx in allocations:
             self.ledger.retain(bid, req.scope, req.version, req.rid, idx, req.salt)
             req.pages.append(bid)
-        self.execute(commands)
+        self.commands.run(commands)
         self._completed.extend(bid for _, bid, _, completes in writes if completes)
 
     def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
@@ -242,7 +230,7 @@ class EngineSide:
             return set()
         commands = self.decide([f for _, f in frames])
         dropped = {c.frame for c in commands if isinstance(c, Drop)}
-        self.execute(commands)
+        self.commands.run(commands)
         refused = {rid for rid, f in frames if f.frame in dropped}
         if refused:
             self.count("commits_dropped", len(refused))
@@ -253,28 +241,24 @@ class EngineSide:
         """Close the writers of the blocks the step filled, gate each managed output at the engine
         boundary (a dropped one is removed: it never leaves this process), close finished
         requests, then carry out what the step boundary deferred."""
-        self._in_step = False
+        commands = self.commands
+        commands.in_step = False
         if self._drafts:
             drafts, self._drafts = self._drafts, []
             events, completed = observe.verify_drafts(drafts, self._fencing, self.block_size)
             if events:
-                self.execute(self.decide(events))
+                commands.run(self.decide(events))
             self._completed.extend(completed)
         if self._completed:
             completed, self._completed = self._completed, []
-            todo = [b for b in dict.fromkeys(completed) if self._writer_open(b)]
-            self._close_writers(todo)
+            commands.close_writers(completed)
         if self.reqs:
             self._gate_outputs(outputs)
         self._fencing.clear()
-        if self._deferred_reports:
-            reports, self._deferred_reports = self._deferred_reports, []
-            for cmd in reports:
-                self._report(cmd)
-            self.execute([])
-        if self._deferred:
-            deferred, self._deferred = self._deferred, []
-            self.execute(deferred)
+        if commands.pending_reports:
+            commands.send_reports(set())
+        if commands.deferred:
+            commands.run_deferred()
 
     def on_finished_outside(self, requests: Iterable[Any]) -> None:
         """vLLM finished managed requests on its own (the API process aborted them: the client
@@ -282,7 +266,7 @@ class EngineSide:
         for request in requests:
             req = self.reqs.get(request.request_id)
             if req is not None and request.request_id not in self._fencing:
-                self._close_request(req, req.participants)
+                self.commands.close_request(req, req.participants)
 
     # ---- the engine boundary --------------------------------------------------------------------
 
@@ -301,7 +285,7 @@ class EngineSide:
             return
         commands = self.decide([f for _, _, f in frames])
         dropped = {c.frame for c in commands if isinstance(c, Drop)}
-        self.execute(commands)
+        self.commands.run(commands)
         finished: list[ManagedRequest] = []
         for eco, out, frame in frames:
             if frame.frame in dropped:
@@ -313,147 +297,18 @@ class EngineSide:
                 if req is not None:
                     finished.append(req)
         for req in finished:
-            self._close_request(req, req.participants)
+            self.commands.close_request(req, req.participants)
             # its last frame was published: the version ran to its end
-            self.execute(self.decide([VersionFinished(req.scope, req.version)]))
+            self.commands.run(self.decide([VersionFinished(req.scope, req.version)]))
 
     # ---- the executor ---------------------------------------------------------------------------
 
     def decide(self, events: list[Event]) -> list[Command]:
         return self.core.handle_batch(events)  # raises (and changes nothing) on bad input
 
-    def execute(self, commands: Iterable[Command]) -> None:
-        """Carry out commands in order. Not re-entrant: commands that events reported while
-        carrying them out produce are queued behind them."""
-        self._queue.extend(commands)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            while self._queue:
-                cmd = self._queue.pop(0)
-                handler = _HANDLERS.get(type(cmd))
-                if handler is not None:
-                    handler(self, cmd)
-        finally:
-            self._draining = False
-            self._queue.clear()
-
-    def _on_fence(self, cmd: Fence) -> None:
-        if self._in_step:
-            self._deferred.append(cmd)
-            return
-        self.count("fences")
-        record = self.core.state.scopes[cmd.scope]
-        reason = (
-            wire.FINISH_CANCELLED
-            if record.state is ScopeState.CANCELLED
-            else wire.FINISH_SUPERSEDED
-        )
-        by_request: dict[str, list[str]] = {}
-        for participant in cmd.participants:
-            by_request.setdefault(self.by_participant[participant], []).append(participant)
-        for rid, participants in by_request.items():
-            req = self.reqs[rid]
-            req.fenced = True
-            self._finish_from_here(rid, req.client_index, reason)
-            self._close_request(req, tuple(participants))
-
-    def _on_fence_write(self, cmd: FenceWrite) -> None:
-        raise IsolationError(
-            f"the core fenced a write of {cmd.participant} into block {cmd.page} ({cmd.reason}); "
-            "vLLM cannot stop a scheduled write"
-        )
-
-    def _on_pin(self, cmd: PinCertified) -> None:
-        for entry in cmd.certificate.entries:
-            self.ledger.pin(entry.page)
-        self.count("pins", len(cmd.certificate.entries))
-        if self._in_step:
-            self._deferred_reports.append(cmd)  # the byte check runs at the step boundary
-            return
-        self._report(cmd)
-
-    def _report(self, cmd: PinCertified) -> None:
-        cert = cmd.certificate
-        pages = list(cert.pages)
-        digests = self.read_digests(pages)
-        report = tuple(PageDigest(p, digests[p]) for p in pages)
-        self._queue.extend(self.decide([AdoptionReport(cert.scope, cert.version, report)]))
-
-    def _on_adopt(self, cmd: Adopt) -> None:
-        for page in cmd.pages:
-            self.ledger.adopt(page, cmd.scope, cmd.version)
-        self.count("adopted_blocks", len(cmd.pages))
-
-    def _on_unpin(self, cmd: Unpin) -> None:
-        failed = cmd.reason in VERIFICATION_FAILURES
-        for page in cmd.pages:
-            self.ledger.unpin(page, evict=failed)
-        if failed:
-            self.count("verification_failures", len(cmd.pages))
-
-    def _on_admit(self, cmd: Admit) -> None:
-        info = self.scopes.get(cmd.scope)
-        tenant = info.tenant if info is not None else self.core.scope(cmd.scope).tenant
-        refs = self.ledger.refs
-        adopted = tuple(
-            sorted(
-                (p for p, r in refs.items() if r.scope == cmd.scope and r.version == cmd.version),
-                key=lambda p: refs[p].position,
-            )
-        )[: cmd.adopted_blocks]
-        if len(adopted) != cmd.adopted_blocks:
-            raise IntegrationError(
-                f"Admit {cmd.scope}@{cmd.version} with {cmd.adopted_blocks} adopted blocks, "
-                f"{len(adopted)} handed over"
-            )
-        if adopted:
-            salts = {refs[p].salt for p in adopted}
-            if len(salts) != 1:
-                raise IntegrationError(f"adopted pages of {cmd.scope} mix cache salts {salts}")
-            salt = salts.pop()
-        else:
-            salt = f"retire:{tenant}:{cmd.scope}:{next(self._salts)}"
-        key = (cmd.scope, cmd.version)
-        self.admissions[key] = Admission(cmd.scope, cmd.version, salt, adopted, cmd.cold)
-        if info is not None:
-            # only the admitted version's figures are ever read again: keep nothing older
-            info.adopted_blocks = {cmd.version: cmd.adopted_blocks}
-            recomputed = info.context_blocks.get(cmd.version, 0) - cmd.adopted_blocks
-            info.context_blocks = {v: n for v, n in info.context_blocks.items() if v >= cmd.version}
-            self.count("recomputed_blocks", max(0, recomputed))
-        self.count("cold_admissions" if cmd.cold else "warm_admissions")
-        future = self.opening.pop(key, None)
-        if future is not None:
-            future.set_result(
-                {
-                    "ok": True,
-                    "scope": cmd.scope,
-                    "version": cmd.version,
-                    "salt": salt,
-                    "adopted_blocks": cmd.adopted_blocks,
-                    "cold": cmd.cold,
-                }
-            )
-
-    def _on_release_to_cache(self, cmd: ReleaseToCache) -> None:
-        self._forget_pages(self.ledger.release_to_cache(cmd.pages))
-        self.count("blocks_released_to_cache", len(cmd.pages))
-
-    def _on_free(self, cmd: Free) -> None:
-        self._forget_pages(self.ledger.free(cmd.pages))
-
-    def _forget_pages(self, refs: Iterable[BlockRef]) -> None:
-        for ref in refs:
-            req = self.reqs.get(ref.request)
-            if req is not None and ref.block in req.pages:
-                req.pages.remove(ref.block)
-        self._forget_closed_requests()
-
     # ---- requests, writers, receipts ------------------------------------------------------------
 
-    def _finish_from_here(self, rid: str, client_index: int, reason: str) -> None:
+    def finish_from_here(self, rid: str, client_index: int, reason: str) -> None:
         """Finish a request in the scheduler and send the API process its terminal output, which
         names the fence (the stream ends with ``reason``; nothing buffered is delivered)."""
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -476,46 +331,6 @@ class EngineSide:
             (client_index, EngineCoreOutputs(outputs=[terminal]))
         )
 
-    def _close_request(self, req: ManagedRequest, participants: Sequence[str]) -> None:
-        info = self.scopes.get(req.scope)
-        if info is not None:
-            info.last_active = time.monotonic()
-        for page in list(req.handoff_pins):
-            self.ledger.release_handoff(page)
-        req.handoff_pins.clear()
-        self._close_writers([p for p in req.pages if self._writer_open(p)])
-        todo = [p for p in participants if p not in req.closed]
-        ranks = [p for p in todo if p != req.rid]
-        if ranks:
-            answers = observe.rank_receipts(self.executor, req.rid, ranks, req.block_ids)
-            self.count("rank_receipts", len(answers))
-        for participant in [*ranks, *(p for p in todo if p == req.rid)]:
-            req.closed.add(participant)
-            self.execute(self.decide([Receipt(req.scope, req.version, participant)]))
-        self._forget_closed_requests()
-
-    def _writer_open(self, block: int) -> bool:
-        ref = self.ledger.refs.get(block)
-        return ref is not None and ref.writer_open
-
-    def _close_writers(self, blocks: list[int]) -> None:
-        if not blocks:
-            return
-        events: list[Event] = []
-        for block, digest in self.read_digests(blocks).items():
-            self.ledger.refs[block].writer_open = False
-            events.append(WriterClosed(block, digest))
-        self.execute(self.decide(events))
-
-    def _forget_closed_requests(self) -> None:
-        for rid in [
-            rid
-            for rid, r in self.reqs.items()
-            if len(r.closed) == len(r.participants) and not r.pages and not r.handoff_pins
-        ]:
-            for p in self.reqs.pop(rid).participants:
-                self.by_participant.pop(p, None)
-
     def read_digests(self, pages: Sequence[int]) -> dict[int, str]:
         return observe.read_digests(self.executor, pages)
 
@@ -523,22 +338,20 @@ class EngineSide:
 
     def _check_prefix_hit(self, req: ManagedRequest, ids: list[int], start: int) -> None:
         observe.check_prefix_hit(req.rid, ids, start, req.adopted, self.block_size)
-        for page in req.handoff_pins:  # the successor's own references hold them now
-            self.ledger.release_handoff(page)
-        req.handoff_pins.clear()
+        self.commands.release_handoff_pins(req)  # the successor's own references hold them now
 
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
         """A block id the ledger still retains went to a new owner underneath the core."""
         for bid in ids:
             if self.ledger.evicted(bid):  # a page given back to the cache: vLLM evicted it
                 self.count("cached_blocks_evicted")
-                self.execute(self.decide([PageEvicted(bid)]))
+                self.commands.run(self.decide([PageEvicted(bid)]))
             elif bid in self.ledger.refs and bid in self.core.state.pages:
                 page = self.core.state.pages[bid]
                 if page.held or not page.full:
                     raise IntegrationError(f"block {bid} was recycled while retained")
                 self.count("pages_reused")
-                self.execute(self.decide([PageReused(bid)]))
+                self.commands.run(self.decide([PageReused(bid)]))
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -568,9 +381,7 @@ class EngineSide:
             ),
             "admissions": len(self.admissions),
             "openings": len(self.opening),
-            "pending_work": len(self._queue)
-            + len(self._deferred)
-            + len(self._deferred_reports)
+            "pending_work": self.commands.pending_work()
             + len(self._completed)
             + len(self._fencing),
             "ledger_refs": len(self.ledger.refs),
@@ -585,15 +396,3 @@ class EngineSide:
     def bounds(self) -> dict[str, int]:
         """The fixed bounds of ``sizes``: the KV pool's blocks and the core's ledger size."""
         return {"blocks": int(self.pool.num_gpu_blocks), "core_ledger": self.core.state.ledger_size}
-
-
-_HANDLERS: dict[type, Any] = {
-    Fence: EngineSide._on_fence,
-    FenceWrite: EngineSide._on_fence_write,
-    PinCertified: EngineSide._on_pin,
-    Adopt: EngineSide._on_adopt,
-    Unpin: EngineSide._on_unpin,
-    Admit: EngineSide._on_admit,
-    Free: EngineSide._on_free,
-    ReleaseToCache: EngineSide._on_release_to_cache,
-}

@@ -89,7 +89,7 @@ class ScopeCalls:
         future: Future[dict[str, Any]] = Future()
         self.side.opening[(scope, version)] = future
         fenced = self._fenced_versions(commands)
-        self.side.execute(commands)
+        self.side.commands.run(commands)
         self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
         self._settle_openings(scope)
         if record is not None:
@@ -112,13 +112,13 @@ class ScopeCalls:
 
     def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
-        self.side.execute(self.side.decide([Pause(scope)]))
+        self.side.commands.run(self.side.decide([Pause(scope)]))
         self.side.scopes[scope].last_active = time.monotonic()
         return self._status(scope)
 
     def op_unpause(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
-        self.side.execute(self.side.decide([Unpause(scope)]))
+        self.side.commands.run(self.side.decide([Unpause(scope)]))
         self.side.scopes[scope].last_active = time.monotonic()
         return self._status(scope)
 
@@ -130,7 +130,7 @@ class ScopeCalls:
         started = time.perf_counter()
         commands = self.side.decide([Cancel(scope)])
         fenced = self._fenced_versions(commands)
-        self.side.execute(commands)
+        self.side.commands.run(commands)
         self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
         self._settle_openings(scope)
         self.side.count("cancels")
@@ -169,7 +169,7 @@ class ScopeCalls:
                     commands = self.side.decide([Forget(scope)])
                 except IllegalTransitionError:
                     continue
-                self.side.execute(commands)
+                self.side.commands.run(commands)
                 del self.side.scopes[scope]
                 forgotten.append(scope)
                 continue

@@ -1,0 +1,108 @@
+"""``EngineCommands``: the serving engine side's part of the one command executor.
+
+``executor.CommandExecutor`` carries the commands out; this class completes it for vLLM's
+engine-core process: ``Fence`` finishes the requests in the scheduler and sends each a terminal
+output whose ``stop_reason`` names the fence (the API process ends the stream with it); ``Admit``
+answers the pending ``open`` with the cache salt the version must run under (its request reaches
+the scheduler later: ``EngineSide.on_add_request``); a byte check runs at once outside a step
+(no step is in flight during a utility call) and at the step boundary inside one; what the API
+answers with (per-scope facts, counters) is recorded on the ``EngineSide``. Nothing here decides
+protocol.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from retire_core import (
+    Admit,
+    Adopt,
+    Certificate,
+    Command,
+    Event,
+    Fence,
+    ReleaseToCache,
+    ScopeState,
+)
+
+from ..executor import CommandExecutor
+from . import wire
+from .records import Admission, ManagedRequest
+
+if TYPE_CHECKING:
+    from .engine_side import EngineSide
+
+
+class EngineCommands(CommandExecutor):
+    def __init__(self, side: EngineSide) -> None:
+        super().__init__(side.ledger, side.reqs, side.by_participant, side.executor)
+        self.side = side
+
+    def decide(self, events: list[Event]) -> list[Command]:
+        return self.side.decide(events)
+
+    def stop(self, req: ManagedRequest, cmd: Fence) -> None:
+        state = self.side.core.state.scopes[cmd.scope].state
+        reason = wire.FINISH_CANCELLED if state is ScopeState.CANCELLED else wire.FINISH_SUPERSEDED
+        self.side.finish_from_here(req.rid, req.client_index, reason)
+
+    def cold_salt(self, scope: str) -> str:
+        info = self.side.scopes.get(scope)
+        tenant = info.tenant if info is not None else self.side.core.scope(scope).tenant
+        return f"retire:{tenant}:{scope}:{next(self._salts)}"
+
+    def start(self, cmd: Admit, salt: str, adopted: tuple[int, ...]) -> None:
+        side = self.side
+        key = (cmd.scope, cmd.version)
+        side.admissions[key] = Admission(cmd.scope, cmd.version, salt, adopted, cmd.cold)
+        info = side.scopes.get(cmd.scope)
+        if info is not None:
+            # only the admitted version's figures are ever read again: keep nothing older
+            info.adopted_blocks = {cmd.version: cmd.adopted_blocks}
+            recomputed = info.context_blocks.get(cmd.version, 0) - cmd.adopted_blocks
+            info.context_blocks = {v: n for v, n in info.context_blocks.items() if v >= cmd.version}
+            side.count("recomputed_blocks", max(0, recomputed))
+        side.count("cold_admissions" if cmd.cold else "warm_admissions")
+        future = side.opening.pop(key, None)
+        if future is not None:
+            future.set_result(
+                {
+                    "ok": True,
+                    "scope": cmd.scope,
+                    "version": cmd.version,
+                    "salt": salt,
+                    "adopted_blocks": cmd.adopted_blocks,
+                    "cold": cmd.cold,
+                }
+            )
+
+    # ---- what the engine side records ------------------------------------------------------------
+
+    def on_fence(self, cmd: Fence, deferred: bool) -> None:
+        if not deferred:
+            self.side.count("fences")
+
+    def on_fenced(self, req: ManagedRequest) -> None:
+        req.fenced = True
+
+    def on_closing(self, req: ManagedRequest) -> None:
+        info = self.side.scopes.get(req.scope)
+        if info is not None:
+            info.last_active = time.monotonic()
+
+    def on_rank_receipts(self, req: ManagedRequest, answers: list[dict[str, Any]]) -> None:
+        self.side.count("rank_receipts", len(answers))
+
+    def on_pinned(self, certificate: Certificate) -> None:
+        self.side.count("pins", len(certificate.entries))
+
+    def on_adopted(self, cmd: Adopt) -> None:
+        self.side.count("adopted_blocks", len(cmd.pages))
+
+    def on_unpinned(self, block: int, reason: str, failed: bool) -> None:
+        if failed:
+            self.side.count("verification_failures")
+
+    def on_released(self, cmd: ReleaseToCache) -> None:
+        self.side.count("blocks_released_to_cache", len(cmd.pages))
