@@ -48,10 +48,11 @@ typecheck: setup-vllm
 		-p retire_spec -p retire_core -p retire_checks -p retire_vllm -p retire_bench -p retire_cli
 
 test-core: setup lint
-	$(VENV)/bin/pytest -q -m "not vllm"
+	$(VENV)/bin/pytest -q -n auto -m "not vllm"
 
+# pytest-xdist: one worker per CPU; every vLLM test on one of them (tests/conftest.py)
 test: setup-vllm lint typecheck
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto --dist loadgroup
 
 # Mutation testing of retire_core's protocol modules (not part of `make test`): mutmut, killed by
 # the core tests and then the explorer of `retire check --profile quick` (pyproject's

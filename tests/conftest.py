@@ -1,5 +1,7 @@
 """Suite-wide rules: a run in which no test passed, or any test was skipped, fails; every
-``RetireEngine`` a test builds keeps the core's log and has it validated (``core_logs``)."""
+``RetireEngine`` a test builds keeps the core's log and has it validated (``core_logs``); under
+pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``) every test that drives vLLM runs on
+one worker, one after another, while the other workers take the pure-Python checks."""
 
 from __future__ import annotations
 
@@ -29,9 +31,22 @@ def core_logs(
             log.finish()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """vLLM tests share one xdist worker (the group holds the most tests, so xdist hands it out
+    first and the pure-Python checks fill the other workers meanwhile): two engines on the same
+    few cores would slow each other down and make the runs that exercise a race (a revision
+    while a step is in flight) depend on the other worker's load; they also build one default
+    model, once."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or session.config.option.collectonly:  # listing tests runs none
+    worker = hasattr(session.config, "workerinput")  # an xdist worker: the controller judges
+    if reporter is None or worker or session.config.option.collectonly:  # listing runs none
         return
     passed = len(reporter.stats.get("passed", []))
     skipped = len(reporter.stats.get("skipped", []))
