@@ -52,7 +52,7 @@ test-core: setup lint
 
 # pytest-xdist: one worker per CPU; every vLLM test on one of them (tests/conftest.py)
 test: setup-vllm lint typecheck
-	$(VENV)/bin/pytest -q -n auto --dist loadgroup
+	$(VENV)/bin/pytest -q -n auto
 
 # Mutation testing of retire_core's protocol modules (not part of `make test`): mutmut, killed by
 # the core tests and then the explorer of `retire check --profile quick` (pyproject's

@@ -1,7 +1,7 @@
 """Suite-wide rules: a run in which no test passed, or any test was skipped, fails; every
 ``RetireEngine`` a test builds keeps the core's log and has it validated (``core_logs``); under
-pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``) every test that drives vLLM runs on
-one worker, one after another, while the other workers take the pure-Python checks."""
+pytest-xdist (``make test`` runs ``-n auto``) every test that drives vLLM runs on one worker, one
+after another, while the other workers take the pure-Python checks (``VLLM_TESTS``)."""
 
 from __future__ import annotations
 
@@ -31,16 +31,44 @@ def core_logs(
             log.finish()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+#: Where the tests that drive vLLM live (nodeid prefixes): under xdist they run on one worker, one
+#: after another (``pytest_xdist_make_scheduler``), while the pure-Python checks fill the other
+#: workers. Two engines on the same few cores would slow each other down and make the runs that
+#: exercise a race (a revision while a step is in flight) depend on the other worker's load.
+VLLM_TESTS = (
+    "tests/vllm/",
+    "tests/test_bench_arms.py",
+    "tests/test_bench_interleave.py",
+    "tests/test_bench_vllm.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)  # (only called with pytest-xdist)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's load-by-scope scheduler with one scope for every vLLM test (the largest, so it is
+    handed out first) and one per test for the rest. (Its ``xdist_group`` marks cannot do this
+    under pytest 9.2, whose node ids xdist 3.8 no longer renames.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class VllmTestsTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "vllm" if nodeid.startswith(VLLM_TESTS) else nodeid
+
+    return VllmTestsTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """vLLM tests share one xdist worker (the group holds the most tests, so xdist hands it out
-    first and the pure-Python checks fill the other workers meanwhile): two engines on the same
-    few cores would slow each other down and make the runs that exercise a race (a revision
-    while a step is in flight) depend on the other worker's load; they also build one default
-    model, once."""
-    for item in items:
-        if item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
+    stray = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("vllm") is not None and not item.nodeid.startswith(VLLM_TESTS)
+    ]
+    if stray:
+        raise pytest.UsageError(
+            f"vLLM tests outside tests/conftest.py's VLLM_TESTS (add their file): {stray}"
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

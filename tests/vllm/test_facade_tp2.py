@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +24,22 @@ pytestmark = pytest.mark.vllm
 SCRIPT = Path(__file__).with_name("tp2_scenario.py")
 
 
-def test_tp2_receipts_from_every_rank(tmp_path: Path) -> None:
-    env = dict(
-        os.environ,
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        VLLM_CPU_OMP_THREADS_BIND="0|1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_RPC_BASE_PATH=str(tmp_path),
-        TMPDIR=str(tmp_path),
-    )
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=420, env=env
-    )
+def test_tp2_receipts_from_every_rank() -> None:
+    # vLLM's IPC sockets live under TMPDIR and their paths must stay under 107 bytes (pytest's
+    # tmp_path under an xdist worker is longer)
+    with tempfile.TemporaryDirectory(prefix="rt") as short:
+        env = dict(
+            os.environ,
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            VLLM_CPU_OMP_THREADS_BIND="0|1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_RPC_BASE_PATH=short,
+            TMPDIR=short,
+        )
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=420, env=env
+        )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     r: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TextIO
@@ -330,9 +330,6 @@ class EngineSide:
         self.engine_core.output_queue.put_nowait(
             (client_index, EngineCoreOutputs(outputs=[terminal]))
         )
-
-    def read_digests(self, pages: Sequence[int]) -> dict[int, str]:
-        return observe.read_digests(self.executor, pages)
 
     # ---- prefix hits of admitted versions -------------------------------------------------------
 
