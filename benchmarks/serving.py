@@ -10,8 +10,10 @@ server: time to first token and inter-token latency
 (p50, p99; a request's inter-token latency is the time from its first token to its last over the
 tokens in between, as vLLM's own benchmark defines it: chunks reach a client in bursts), completion
 tokens per second; and Retire over stock as ratios. Then the revision
-latency over HTTP: from sending a revision to the arrival of the old stream's terminal
-(``superseded``) chunk at the client, and to the revision's response headers (accepted).
+latency over HTTP, on each ``retire serve`` server: from sending a revision to the arrival of the
+old stream's terminal (``superseded``) chunk at the client, and to the revision's response headers
+(accepted). The client reads every stream through ``retire_vllm.client.each_chunk``, so a long old
+stream does not hold up the revision sent beside it.
 
 ``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
 [--json PATH]``
@@ -179,6 +181,7 @@ def run(args: Any) -> dict[str, Any]:
             by["retire"].append(asyncio.run(_round(retire, True, args, f"r{r}")))
             by["retire_nolog"].append(asyncio.run(_round(quiet, True, args, f"q{r}")))
         revision = asyncio.run(_revision_latency(retire, args.trials))
+        revision_nolog = asyncio.run(_revision_latency(quiet, args.trials))
         retire.check_clean()
         quiet.check_clean()
     finally:
@@ -196,13 +199,18 @@ def run(args: Any) -> dict[str, Any]:
         "ratio_retire_over_stock": {k: t[k] / s[k] for k in s},
         "ratio_retire_nolog_over_stock": {k: q[k] / s[k] for k in s},
         "added_itl_p50_percent": 100 * (t["itl_p50_ms"] / s["itl_p50_ms"] - 1),
-        "revision_ms": {
-            key: {"p50": 1000 * _pct(v, 0.5), "p99": 1000 * _pct(v, 0.99), "n": len(v)}
-            for key, v in revision.items()
-        },
+        "revision_ms": _revision_summary(revision),
+        "revision_nolog_ms": _revision_summary(revision_nolog),
         "core_log": verdict.strip(),
     }
     return report
+
+
+def _revision_summary(revision: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {
+        key: {"p50": 1000 * _pct(v, 0.5), "p99": 1000 * _pct(v, 0.99), "n": len(v)}
+        for key, v in revision.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,8 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("ratio_retire_over_stock", "ratio_retire_nolog_over_stock"):
         ratio = report[key]
         print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
-    for key, v in report["revision_ms"].items():
-        print(f"revision, {key}: p50 {v['p50']:.2f} ms, p99 {v['p99']:.2f} ms ({v['n']} trials)")
+    for server, summary in (("retire", "revision_ms"), ("retire_nolog", "revision_nolog_ms")):
+        for key, v in report[summary].items():
+            print(
+                f"revision ({server}), {key}: p50 {v['p50']:.2f} ms, p99 {v['p99']:.2f} ms "
+                f"({v['n']} trials)"
+            )
     print(report["core_log"])
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))
