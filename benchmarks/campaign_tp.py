@@ -74,10 +74,11 @@ def prompts(seed: int) -> tuple[list[int], list[int]]:
 # --- the campaign's side -------------------------------------------------------------------------
 
 
-def _phase(name: str, tmp: Path, *args: object) -> tuple[dict[str, Any] | None, str]:
-    """Run one phase in its own process (its own session, killed whole on timeout); returns its
-    ``RESULT`` (None if it printed none) and the tail of its output."""
-    env = dict(
+def tp2_env(tmp: Path | str) -> dict[str, str]:
+    """The environment of a process that builds an in-process TP=2 engine on CPU: one OpenMP
+    core per rank, no hub, and vLLM's IPC sockets under ``tmp`` (keep it short: a socket path
+    must stay under 107 bytes)."""
+    return dict(
         os.environ,
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         VLLM_CPU_OMP_THREADS_BIND="0|1",
@@ -86,6 +87,12 @@ def _phase(name: str, tmp: Path, *args: object) -> tuple[dict[str, Any] | None, 
         VLLM_RPC_BASE_PATH=str(tmp),
         TMPDIR=str(tmp),
     )
+
+
+def _phase(name: str, tmp: Path, *args: object) -> tuple[dict[str, Any] | None, str]:
+    """Run one phase in its own process (its own session, killed whole on timeout); returns its
+    ``RESULT`` (None if it printed none) and the tail of its output."""
+    env = tp2_env(tmp)
     argv = [sys.executable, "-m", "retire_bench.campaign_tp", name, *map(str, args)]
     proc = subprocess.Popen(
         argv,

@@ -10,7 +10,6 @@ ranks' halves of the KV heads, so a corruption on the ranks is caught at adoptio
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from retire_bench.campaign_tp import tp2_env
 
 pytestmark = pytest.mark.vllm
 
@@ -28,17 +29,12 @@ def test_tp2_receipts_from_every_rank() -> None:
     # vLLM's IPC sockets live under TMPDIR and their paths must stay under 107 bytes (pytest's
     # tmp_path under an xdist worker is longer)
     with tempfile.TemporaryDirectory(prefix="rt") as short:
-        env = dict(
-            os.environ,
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
-            VLLM_CPU_OMP_THREADS_BIND="0|1",
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_RPC_BASE_PATH=short,
-            TMPDIR=short,
-        )
         proc = subprocess.run(
-            [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=420, env=env
+            [sys.executable, str(SCRIPT)],
+            capture_output=True,
+            text=True,
+            timeout=420,
+            env=tp2_env(short),
         )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
