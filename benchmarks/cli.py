@@ -293,13 +293,13 @@ def _demo_load(out: Path, trace: Any, path: str) -> bool:
     "demo", "the main job: build the model, replay both ways, print the table", _configure_demo
 )
 def _demo(args: argparse.Namespace) -> int:
-    prepare_env()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    prepare_env(engine_log=out / "engine.log")
     t0 = time.perf_counter()
     from retire_bench import replay as R
     from retire_bench.systems import facade_available
 
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     logs = _core_logs(args, out / "core-logs")
     steps = 6 if args.load else 5
     print(f"[1/{steps}] {args.model_size or 'tiny'} default model", file=sys.stderr)
@@ -365,6 +365,7 @@ def _demo(args: argparse.Namespace) -> int:
         doc["demo_wall_s"] = time.perf_counter() - t0
     if "retire" in systems:
         print(f"core logs: {logs} (validated against the spec when each Retire run closed)")
+    print(f"engine log: {out / 'engine.log'} (vLLM's start-up and run messages)")
     print(f"demo wall time: {doc['demo_wall_s']:.0f} s")
     handoff_admitted = handoff_doc is None or bool(handoff_doc["checker_admitted"])
     return 0 if doc["checker_admitted"] and load_admitted and handoff_admitted else 1

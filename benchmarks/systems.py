@@ -20,6 +20,7 @@ import os
 import pickle
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 SYSTEMS: Final[tuple[str, ...]] = ("native", "native_stop_reading", "retire")
@@ -48,16 +49,36 @@ _ENV: Final[dict[str, str]] = {
 }
 
 
-def prepare_env() -> None:
-    """Environment for the benchmark commands (existing values win); call before vLLM loads."""
-    import os
+#: The libraries whose start-up chatter :func:`prepare_env` keeps off the console.
+CHATTY_LOGGERS: Final[tuple[str, ...]] = ("vllm", "torch", "transformers")
+
+
+def prepare_env(engine_log: Path | None = None) -> None:
+    """Environment for the benchmark commands (existing values win); call before vLLM loads.
+
+    With ``engine_log``, the in-process engine's chatter (vLLM's, torch's and transformers' log
+    records from INFO up) goes to that file instead of the console; without it, only errors are
+    kept, on the console."""
     import warnings
 
     for key, value in _ENV.items():
         os.environ.setdefault(key, value)
     warnings.filterwarnings("ignore")
-    for name in ("vllm", "torch", "transformers"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    if engine_log is None:
+        for name in CHATTY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        return
+    import vllm.logger  # noqa: F401  (vLLM puts its console handler on "vllm" at import)
+
+    handler = logging.FileHandler(engine_log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in CHATTY_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 class FacadeMissing(RuntimeError):

@@ -90,6 +90,7 @@ def engine_kwargs(
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens or max_model_len,
         "disable_log_stats": True,
+        "use_tqdm_on_load": False,  # the weights' progress bars would land on the console
         "tensor_parallel_size": tensor_parallel_size,
     }
     if tensor_parallel_size > 1:
