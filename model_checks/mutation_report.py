@@ -78,8 +78,8 @@ EQUIVALENT.update(
             "tests/test_core_page_index.py); where the original hits (the same view) it "
             "misses, and the check runs again with the same result"
         ),
-        "retire_core.reclaim.x_reclaim__mutmut_53": _MEMO,
-        "retire_core.reclaim.x_reclaim__mutmut_54": _MEMO,
+        "retire_core.reclaim.x_reclaim__mutmut_56": _MEMO,
+        "retire_core.reclaim.x_reclaim__mutmut_57": _MEMO,
         "retire_core.reclaim.x__forget_drained_versions__mutmut_10": _MEMO,
         "retire_core.reclaim.x__forget_drained_versions__mutmut_11": _MEMO,
         "retire_core.handoff.x__candidates__mutmut_11": (
@@ -91,6 +91,14 @@ EQUIVALENT.update(
             "it anyway (`if not allowed or page is None`), with the same reason"
         ),
         "retire_core.handoff.x_release_certificate__mutmut_7": _LOST,  # `and` -> `or`
+        "retire_core.handoff.x_verify_adoption__mutmut_20": _LOST,  # no reason for a lost page
+        "retire_core.handoff.x_verify_adoption__mutmut_26": _LOST,  # `continue` -> `break`
+        "retire_core.handoff.x_verify_adoption__mutmut_106": (
+            "`released or failure` for `released and failure`: a page is released only once a "
+            "failure is found, and the entry where the failure is found is itself released "
+            "(a failure on a tracked, pinned page), except for a lost page, which cannot happen: "
+            + _LOST
+        ),
     }
 )
 
@@ -147,6 +155,7 @@ EQUIVALENT.update(
                 ("on_page_reused", (4, 8, 9, 10)),
                 ("on_page_evicted", (4, 8, 9, 10)),
                 ("on_writer_closed", (6, 7, 8, 9, 10, 11, 12, 13, 14)),
+                ("on_drafts_verified", (5, 6, 7, 8, 9, 10, 11, 12, 13)),
             )
             for n in numbers
         },
@@ -211,7 +220,6 @@ EQUIVALENT.update(
             "read page_kinds before they write)"
         ),
         "retire_core.machine.x_run_batch__mutmut_4": _LEDGER_BOUND,
-        "retire_core.machine.x_run_batch__mutmut_11": _LEDGER_BOUND,
         "retire_core.txn.xǁTxnǁtrim_ledger__mutmut_4": _LEDGER_BOUND,
         "retire_core.txn.xǁTxnǁtrim_ledger__mutmut_6": _LEDGER_BOUND,
     }

@@ -42,6 +42,7 @@ def test_a_draft_write_marks_the_page_as_holding_drafts() -> None:
             {"full": True, "draft": True},
         )
     ]
+    assert (core.last_transitions[0].scope, core.last_transitions[0].version) == ("s", 0)
 
 
 @pytest.mark.parametrize("accepted", [True, False])
@@ -84,6 +85,7 @@ def test_a_repeated_or_late_verification_is_stale_and_changes_nothing() -> None:
     assert core.handle(rc.DraftsVerified(7, False)) == []  # twice: no drafts left
     assert core.state == before and core.state.pages[7].full
     assert _logged(core) == [("stale_verify", {"page": 7, "completes": False}, {})]
+    assert (core.last_transitions[0].scope, core.last_transitions[0].version) == ("s", 0)
     core.handle(rc.WriteAttempted("s", 0, "a", 7, True, draft=True))
     core.handle(rc.WriterClosed(7, "d7"))  # rolls the drafts back
     before = core.state

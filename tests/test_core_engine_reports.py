@@ -510,3 +510,21 @@ def test_a_core_without_a_ledger_remembers_no_drained_version() -> None:
     assert core.handle(rc.FrameArrived("s", 0, 1, TOKEN)) == [
         rc.Drop(1, "s", 0, TOKEN, rc.DropReason.RETIRED_EXPIRED)
     ]
+
+
+def test_a_drained_version_is_forgotten_only_once_its_last_page_is_gone() -> None:
+    # A receipt may overtake the report that closes the participant's last writer.
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1, 2)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.PageAllocated("s", 0, "a", 7, 0))
+    core.handle(rc.WriteAttempted("s", 0, "a", 7, False))
+    core.handle(rc.Supersede("s", (1, 3)))
+    core.handle(rc.Receipt("s", 0, "a"))
+    assert core.state.pages[7].writer_open and core.state.pages[7].version == 0
+    assert list(core.state.scopes["s"].participants) == ["a"] and core.state.ledger == ()
+    with pytest.raises(rc.DuplicateReceiptError, match="'a' of s@0 already closed"):
+        core.handle(rc.Receipt("s", 0, "a"))
+    # the closed page is incomplete: nothing to certify, the successor starts cold
+    assert core.handle(rc.WriterClosed(7, "d7")) == [rc.Admit("s", 1, 0, True), rc.Free((7,))]
+    assert dict(core.state.scopes["s"].participants) == {} and core.state.ledger == (("s", 0),)

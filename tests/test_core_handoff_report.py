@@ -58,12 +58,15 @@ def test_the_release_transition_names_the_successor_the_page_and_why() -> None:
     ls.env(A("supersede", (0, (1, 2), True)))  # both blocks certified
     ls.env(A("receipt", (0,)))  # the predecessor drains: its pages are kept by their pins
     ls.env(A("corrupt", (1,)))
+    reported = str(ls.spec["page_data"][1])
+    assert reported != ls.core.scopes["s0"].certificate.entries[1].digest
     out = ls.report(0)
     (release,) = [t.as_log() for t in out.transitions if t.action == "release"]
     assert release["scope"] == "s0" and release["version"] == 1
     assert release["reason"] == "digest_mismatch"
     assert release["changed"] == {"pinned": False}
     assert (release["page"], release["position"]) == (1, 1)
+    assert release["digest"] == reported  # the bytes the engine reported, not the certified
 
 
 def test_the_certify_and_resume_transitions_log_what_they_decided() -> None:
@@ -132,3 +135,20 @@ def test_a_write_into_an_unallocated_page_is_fenced_with_that_reason() -> None:
     ]
     (fence,) = [t.as_log() for t in core.last_transitions]
     assert (fence["transition"], fence["reason"]) == ("fence_write", "page_not_allocated")
+
+
+def test_a_page_released_while_its_version_drains_is_left_as_it_was_before_the_pin() -> None:
+    # (The spec corrupts only unreferenced pages, so the explorer never sees this: the engine
+    # reports bytes that differ for a page the draining predecessor still references.)
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1, 2)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.PageAllocated("s", 0, "a", 7, 0))
+    core.handle(rc.WriteAttempted("s", 0, "a", 7, True))
+    core.handle(rc.WriterClosed(7, "d7"))
+    before = core.state.pages[7]
+    out = core.handle(rc.Supersede("s", (1, 3)))
+    assert [c for c in out if isinstance(c, rc.PinCertified)]
+    out = core.handle(rc.AdoptionReport("s", 1, (rc.PageDigest(7, "other"),)))
+    assert rc.Unpin((7,), rc.ReleaseReason.DIGEST_MISMATCH) in out
+    assert core.state.pages[7] == before  # unpinned, still the draining predecessor's

@@ -13,6 +13,7 @@ from retire_core.state import ScopeState
 from retire_core.table import TABLE, refusal
 
 A, L, P, C = ScopeState.ACTIVE, ScopeState.ALIGNING, ScopeState.PAUSED, ScopeState.CANCELLED
+F = ScopeState.FINISHED
 
 ILLEGAL = [
     (state, event)
@@ -50,6 +51,10 @@ def test_every_illegal_pair_is_refused_with_a_message_naming_it() -> None:
         (P, rc.Pause, "the scope is already paused"),
         (A, rc.Unpause, "the scope is not paused"),
         (L, rc.Unpause, "the scope is not paused"),
+        (F, rc.Pause, "the scope's version has finished: nothing runs that could be paused"),
+        (F, rc.Unpause, "the scope is not paused"),
+        (A, rc.Forget, "only a cancelled scope is forgotten"),
+        (F, rc.Forget, "only a cancelled scope is forgotten"),
     ],
 )
 def test_illegal_transitions_say_why(state: ScopeState, event: type, why: str) -> None:
