@@ -52,8 +52,9 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=_cpus(),
         metavar="N",
-        help="worker processes (default: the CPUs available): each explorer configuration is "
-        "split across all of them, then the mutant catalogue and Z3 share them",
+        help="worker processes (default: the CPUs available): the explorer's configurations run "
+        "side by side over them (or, with fewer configurations than workers, each split across "
+        "all of them), then the mutant catalogue and Z3 share them",
     )
     p.add_argument(
         "--speedup",
@@ -142,7 +143,7 @@ def _speedup(result: ProfileResult, single: ProfileResult) -> dict[str, Any]:
             for x in r.results
         ]
 
-    workers = max((r.workers for r in result.results), default=1)
+    workers = result.workers
     return {
         "workers": workers,
         "seconds": round(result.seconds, 2),
@@ -182,7 +183,7 @@ def check(args: argparse.Namespace) -> int:
     out = sys.stdout
     t0 = time.perf_counter()
     progress = not args.no_progress
-    # The explorer first, each configuration over every worker; then the catalogue and Z3 share
+    # The explorer first, over every worker; then the catalogue and Z3 share
     # the workers as tasks, longest first so that they finish together.
     result = run_profile(profile, progress=progress, jobs=args.jobs)
     speedup = None
@@ -307,6 +308,8 @@ def check(args: argparse.Namespace) -> int:
         "mutant_details": verdicts,
         "total_seconds": round(seconds, 2),
         "jobs": args.jobs,
+        # the configurations ran side by side (one worker each), else one after another
+        "side_by_side": result.wall is not None,
         "cpus": os.cpu_count(),
         # with --speedup: the explorer with one worker against ``jobs`` workers
         "speedup": speedup,

@@ -36,6 +36,9 @@ class Config:
     ledger_size: int = 1024
     max_states: int | None = None  # a cap; a capped run is reported as not exhaustive
     symmetry: bool = True
+    # One worker's seconds for this search in the last measured run (0: unknown); only orders
+    # configurations that run side by side, longest first, so that the cores finish together.
+    expected_seconds: float = attrs.field(default=0.0, eq=False)
 
 
 @attrs.frozen(slots=True)

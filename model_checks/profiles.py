@@ -1,12 +1,16 @@
 """The explorer's profiles: ``QUICK`` and ``FULL`` (lists of configurations with the probes a run
 must hit), ``ProfileResult`` (a profile's run: totals, probes, verdicts, the summary) and
-``run_profile``, which explores a profile's configurations one after another, each over every
-worker it is given. What does not live here: the search of one configuration (``parallel``,
+``run_profile``, which explores a profile's configurations over the workers it is given: side
+by side, one process each, or one after another, each split across all of them. What does not
+live here: the search of one configuration (``parallel``,
 ``shard``) and the ``retire check`` command (``cli_checks``).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import sys
+import time
 from collections import Counter
 from typing import Any, TextIO
 
@@ -16,7 +20,7 @@ import retire_core as rc
 from retire_checks.config import Config, Profile, StepFn
 from retire_checks.counterexample import Counterexample
 from retire_checks.environment import Budget
-from retire_checks.parallel import ExploreResult, Progress, explore
+from retire_checks.parallel import ExploreResult, Progress, can_fork, explore
 from retire_checks.probes import ALL_PROBES
 from retire_spec.actions import Action
 from retire_spec.invariants import INVARIANTS, QUIESCENCE
@@ -35,6 +39,7 @@ _DRAFTS = Config(
     Bounds(1, 2, 0, 1, 1, 2, ((1,), (2,)), (0,)),
     Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), drafts=True, **_NO_CONTROL),
     ledger_size=1,
+    expected_seconds=1.5,
 )
 
 QUICK = Profile(
@@ -47,6 +52,7 @@ QUICK = Profile(
             Bounds(1, 2, 1, 1, 1, 2, ((1,), (2,)), (0,)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, duplicate_receipts=True, **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=3.4,
         ),
         # Certified handoff of a two-block prefix: partial adoption after a fault, recompute.
         Config(
@@ -54,18 +60,21 @@ QUICK = Profile(
             Bounds(1, 2, 0, 2, 2, 1, ((1, 2),), (0,)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=2.3,
         ),
         # Pause and cancel against frames of every kind, cancel during a pending handoff.
         Config(
             "control",
             Bounds(1, 2, 1, 1, 1, 1, ((1,),), (0,)),
             Budget(faults=0, frame_kinds=ALL_KINDS),
+            expected_seconds=2.9,
         ),
         # Two tenants side by side: cross-scope and cross-tenant write attempts.
         Config(
             "tenants",
             Bounds(2, 2, 0, 1, 1, 1, ((1,),), (0, 1)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            expected_seconds=0.4,
         ),
         # Two scopes of the same tenant and model (equal fingerprints) with the same context:
         # only ALIGN's page-owner check keeps one scope's pages from the other's successor.
@@ -73,6 +82,7 @@ QUICK = Profile(
             "twins",
             Bounds(2, 2, 0, 1, 1, 1, ((1,),), (0, 0)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            expected_seconds=0.4,
         ),
         # (Draft moves in every configuration above would cost 79% more states and 125% more
         # time; this world alone adds 8% and 14%.)
@@ -90,6 +100,7 @@ FULL = Profile(
             Bounds(1, 3, 1, 1, 1, 2, ((1,), (2,)), (0,)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, duplicate_receipts=True, **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=24,
         ),
         # chains of three revisions e -> e+1 -> e+2 -> e+3
         Config(
@@ -97,6 +108,7 @@ FULL = Profile(
             Bounds(1, 2, 1, 1, 1, 3, ((1,), (2,)), (0,)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=13,
         ),
         # chains of three revisions with two late frames in flight
         Config(
@@ -104,6 +116,7 @@ FULL = Profile(
             Bounds(1, 2, 2, 1, 1, 3, ((1,), (2,)), (0,)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=47,
         ),
         # two-block handoffs across two revisions with two revised contexts
         Config(
@@ -111,6 +124,7 @@ FULL = Profile(
             Bounds(1, 2, 0, 2, 2, 2, ((1, 2), (1, 3)), (0,)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=48,
         ),
         # three-block handoffs: certification and adoption cut at every position
         Config(
@@ -118,6 +132,7 @@ FULL = Profile(
             Bounds(1, 2, 0, 3, 3, 1, ((1, 2, 3),), (0,)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=240,
         ),
         # two tenants, each with a two-block handoff and one of two revised contexts, a fault
         Config(
@@ -125,6 +140,7 @@ FULL = Profile(
             Bounds(2, 2, 0, 2, 2, 1, ((1, 2), (1, 3)), (0, 1)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=99,
         ),
         # two-block handoffs with a late frame in flight
         Config(
@@ -132,30 +148,35 @@ FULL = Profile(
             Bounds(1, 2, 1, 2, 2, 1, ((1, 2), (1, 3)), (0,)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=13,
         ),
         # pause, unpause and cancel against two frames of every kind, with a fault
         Config(
             "control",
             Bounds(1, 2, 2, 1, 1, 1, ((1,),), (0,)),
             Budget(faults=1, frame_kinds=ALL_KINDS),
+            expected_seconds=30,
         ),
         # two tenants, two pages each way, a late frame
         Config(
             "tenants",
             Bounds(2, 2, 1, 2, 1, 1, ((1,),), (0, 1)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            expected_seconds=36,
         ),
         # two tenants with pause, unpause and cancel, a late frame
         Config(
             "tenants-control",
             Bounds(2, 2, 1, 1, 1, 1, ((1,),), (0, 1)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY),
+            expected_seconds=147,
         ),
         # two tenants, three participants
         Config(
             "tenants-parts",
             Bounds(2, 3, 1, 1, 1, 1, ((1,),), (0, 1)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
+            expected_seconds=24,
         ),
         # two scopes of one tenant and model, each with a two-block handoff and one of two
         # revised contexts, a fault: the page-owner check of ALIGN and adoption under load
@@ -164,6 +185,7 @@ FULL = Profile(
             Bounds(2, 2, 0, 2, 2, 1, ((1, 2), (1, 3)), (0, 0)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=93,
         ),
         # two scopes of one tenant and model with pause, unpause and cancel, a late frame (one
         # page: with two, 2.9 million states and 16 CPU minutes)
@@ -171,6 +193,7 @@ FULL = Profile(
             "twins-control",
             Bounds(2, 2, 1, 1, 1, 1, ((1,),), (0, 0)),
             Budget(faults=0, frame_kinds=TOKEN_ONLY),
+            expected_seconds=150,
         ),
         # two tenants, each revised twice (chains e -> e+1 -> e+2 side by side), a late frame,
         # a fault; 1,242,242 states (split across the workers)
@@ -179,6 +202,7 @@ FULL = Profile(
             Bounds(2, 2, 1, 1, 1, 2, ((1,), (2,)), (0, 1)),
             Budget(faults=1, frame_kinds=TOKEN_ONLY, **_NO_CONTROL),
             ledger_size=1,
+            expected_seconds=251,
         ),
         _DRAFTS,
         # speculative decoding under two-block handoffs: a draft page next to a verified one,
@@ -194,6 +218,7 @@ FULL = Profile(
                 **_NO_CONTROL,
             ),
             ledger_size=1,
+            expected_seconds=15,
         ),
     ),
     ALL_PROBES,
@@ -205,6 +230,10 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (QUICK, FULL)}
 class ProfileResult:
     profile: Profile
     results: tuple[ExploreResult, ...]
+    # the whole run's wall time when the configurations ran side by side (None: one after
+    # another, each over ``workers``)
+    wall: float | None = None
+    jobs: int = 1
 
     @property
     def states(self) -> int:
@@ -220,8 +249,16 @@ class ProfileResult:
 
     @property
     def seconds(self) -> float:
-        """Wall time: the configurations ran one after another."""
-        return sum(r.seconds for r in self.results)
+        """Wall time: the whole run's when the configurations ran side by side, else the sum of
+        theirs (they ran one after another)."""
+        return self.wall if self.wall is not None else sum(r.seconds for r in self.results)
+
+    @property
+    def workers(self) -> int:
+        """The processes that searched at once."""
+        if self.wall is not None:
+            return self.jobs
+        return max((r.workers for r in self.results), default=1)
 
     @property
     def states_per_second(self) -> float:
@@ -319,8 +356,13 @@ def run_profile(
     stream: TextIO | None = None,
     jobs: int = 1,
 ) -> ProfileResult:
-    """Explore the configurations of ``profile`` one after another, each over ``jobs`` worker
-    processes (1: in this process), stopping at the first violation."""
+    """Explore the configurations of ``profile`` over ``jobs`` worker processes (1: in this
+    process), with the same results either way: side by side, one process each, longest first,
+    when there are at least as many configurations as jobs (a search split across workers does
+    15-35% more work, and small configurations cost more to split than to search); otherwise one
+    after another, each split across the jobs, stopping at the first violation."""
+    if 1 < jobs <= len(profile.configs) and can_fork():
+        return _side_by_side(profile, step_fn, actions, progress, stream, jobs)
     results = []
     for config in profile.configs:
         bar = Progress(f"{profile.name}/{config.name}", stream, enabled=progress)
@@ -330,6 +372,58 @@ def run_profile(
         if result.violation is not None:
             break
     return ProfileResult(profile, tuple(results))
+
+
+# What the forked processes of ``_side_by_side`` explore with: set in the parent before the fork
+# (a mutant's patched step function cannot travel through a pipe).
+_ALONE: tuple[StepFn, dict[str, Action] | None] | None = None
+
+
+def _explore_alone(task: tuple[int, Config]) -> tuple[int, ExploreResult]:
+    assert _ALONE is not None
+    step_fn, actions = _ALONE
+    index, config = task
+    return index, explore(config, step_fn, actions, jobs=1)
+
+
+def _side_by_side(
+    profile: Profile,
+    step_fn: StepFn,
+    actions: dict[str, Action] | None,
+    progress: bool,
+    stream: TextIO | None,
+    jobs: int,
+) -> ProfileResult:
+    """Every configuration in a forked process of its own, ``jobs`` at a time, longest first.
+    All run to their end; the result keeps the configurations up to the first that found a
+    violation, in the profile's order, as a run one after another would."""
+    global _ALONE
+    configs = profile.configs
+    order = sorted(range(len(configs)), key=lambda i: -configs[i].expected_seconds)
+    out = stream if stream is not None else sys.stderr
+    found: dict[int, ExploreResult] = {}
+    t0 = time.perf_counter()
+    _ALONE = (step_fn, actions)
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            tasks = [(i, configs[i]) for i in order]
+            for i, result in pool.imap_unordered(_explore_alone, tasks):
+                found[i] = result
+                if progress:
+                    out.write(
+                        f"[{profile.name}/{configs[i].name}] {result.states:,} states, "
+                        f"{result.seconds:.1f} s ({len(found)}/{len(configs)} done)\n"
+                    )
+                    out.flush()
+    finally:
+        _ALONE = None
+    wall = time.perf_counter() - t0
+    results = []
+    for i in range(len(configs)):
+        results.append(found[i])
+        if found[i].violation is not None:
+            break
+    return ProfileResult(profile, tuple(results), wall=wall, jobs=jobs)
 
 
 __all__ = [

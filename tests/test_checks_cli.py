@@ -44,7 +44,9 @@ def test_retire_check_quick_profile(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert report["max_depth"] >= 15
     assert report["states_per_second"] > 0
     # the explorer over two workers, and once more over one: the same results
-    assert report["jobs"] == 2 and all(c["workers"] == 2 for c in report["configs"])
+    # six configurations on two workers: side by side, each searched by one process
+    assert report["jobs"] == 2 and report["side_by_side"]
+    assert all(c["workers"] == 1 for c in report["configs"])
     speedup = report["speedup"]
     assert speedup["workers"] == 2 and speedup["identical"] is True
     assert speedup["speedup"] > 0 and speedup["seconds_one_worker"] > 0

@@ -413,3 +413,33 @@ def test_core_states_travel_between_workers_intact() -> None:
     assert [hash(c) for c in back] == [hash(c) for c in cores]
     assert any(c.scopes[s].certificate for c in cores for s in c.scopes)
     assert any(p.pinned for c in cores for p in c.pages.values())
+
+
+def test_configurations_side_by_side_give_what_one_after_another_gives() -> None:
+    """With at least as many configurations as jobs, each configuration runs in a process of
+    its own; the results are those of a run in one process, and the wall time is the run's."""
+    profile = Profile(
+        "three", tuple(mutant_kind.CONFIGS[n] for n in ("tenants", "twins", "drafts")), ()
+    )
+    one = run_profile(profile, progress=False)
+    two = run_profile(profile, progress=False, jobs=2)
+    assert (one.wall, one.workers) == (None, 1)
+    assert two.wall is not None and two.workers == 2 and two.seconds == two.wall
+    assert [r.config.name for r in two.results] == ["tenants", "twins", "drafts"]
+    assert [_outcome(r) for r in two.results] == [_outcome(r) for r in one.results]
+
+
+def test_configurations_side_by_side_stop_where_one_after_another_stops() -> None:
+    """A seeded core bug (patched before the processes fork) is found with the same
+    counterexample, and the configurations after the one that found it are not reported."""
+    mutant = mutants.MUTANTS["digest_ignored"]
+    found_in = mutant.configs[0]
+    others = [c for c in mutant_kind.CONFIGS.values() if c.name in ("tenants", "twins")]
+    profile = Profile("seeded", (others[0], found_in, others[1]), ())
+    with mutant.active():
+        one = run_profile(profile, progress=False)
+        two = run_profile(profile, progress=False, jobs=3)
+    assert len(one.results) == 2 and one.violation is not None
+    assert two.wall is not None and len(two.results) == 2
+    assert two.violation == one.violation
+    assert [_outcome(r) for r in two.results] == [_outcome(r) for r in one.results]
