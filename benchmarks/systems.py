@@ -51,34 +51,52 @@ _ENV: Final[dict[str, str]] = {
 
 #: The libraries whose start-up chatter :func:`prepare_env` keeps off the console.
 CHATTY_LOGGERS: Final[tuple[str, ...]] = ("vllm", "torch", "transformers")
+#: Those whose records :func:`prepare_env` can send to a file instead (torch's loggers carry
+#: console handlers of their own, logger by logger: only its errors are kept).
+ROUTED_LOGGERS: Final[tuple[str, ...]] = ("vllm", "transformers")
 
 
 def prepare_env(engine_log: Path | None = None) -> None:
     """Environment for the benchmark commands (existing values win); call before vLLM loads.
 
-    With ``engine_log``, the in-process engine's chatter (vLLM's, torch's and transformers' log
-    records from INFO up) goes to that file instead of the console; without it, only errors are
-    kept, on the console."""
+    With ``engine_log``, vLLM's and transformers' log records from INFO up, and what native code
+    writes to stderr, go to that file instead of the console; without it, only their errors are
+    kept, on the console. torch's log records are kept at errors either way."""
     import warnings
 
     for key, value in _ENV.items():
         os.environ.setdefault(key, value)
     warnings.filterwarnings("ignore")
+    if engine_log is not None:
+        import vllm.logger  # noqa: F401  (imports torch, and vLLM may set up "vllm" at import)
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     if engine_log is None:
-        for name in CHATTY_LOGGERS:
-            logging.getLogger(name).setLevel(logging.ERROR)
         return
-    import vllm.logger  # noqa: F401  (vLLM puts its console handler on "vllm" at import)
-
+    _native_stderr_to(engine_log)
     handler = logging.FileHandler(engine_log)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in CHATTY_LOGGERS:
+    for name in ROUTED_LOGGERS:
         logger = logging.getLogger(name)
         for old in list(logger.handlers):
             logger.removeHandler(old)
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+
+
+def _native_stderr_to(path: Path) -> None:
+    """Send what native code writes to the process's stderr (torch's and oneDNN's C++ warnings,
+    such as the NUMA binding notice of every engine start) to ``path``; Python's ``sys.stderr``
+    (progress lines, errors) stays on the console."""
+    import sys
+
+    console = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    os.dup2(log, 2)
+    os.close(log)
+    sys.stderr = os.fdopen(console, "w", buffering=1, encoding="utf-8", errors="replace")
 
 
 class FacadeMissing(RuntimeError):

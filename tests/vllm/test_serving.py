@@ -80,6 +80,20 @@ def complete(c: Any, model: str, tokens: list[int], max_tokens: int, **body: Any
     )
 
 
+async def open_scoped_stream(
+    c: openai.AsyncOpenAI, model: str, scope: str, tokens: list[int], max_tokens: int
+) -> Any:
+    """A greedy completion stream of ``tokens`` on ``scope`` that ignores EOS."""
+    return await c.completions.create(
+        model=model,
+        prompt=tokens,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped(scope)},
+    )
+
+
 async def revise_mid_stream(
     base: str,
     model: str,
@@ -95,14 +109,7 @@ async def revise_mid_stream(
     with ``new`` (not streamed) while the old stream is open, then read the old stream to its
     end: (the old stream's first chunk, its last chunk, the revision's response)."""
     c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
-    stream = await c.completions.create(
-        model=model,
-        prompt=old,
-        max_tokens=old_max,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True, **scoped(scope)},
-    )
+    stream = await open_scoped_stream(c, model, scope, old, old_max)
     chunks = []
     async for chunk in stream:
         chunks.append(chunk)
@@ -365,14 +372,7 @@ def test_the_old_stream_ends_at_once_with_superseded(
         c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
 
         async def old_stream() -> list[Any]:
-            s = await c.completions.create(
-                model=retire_server.model,
-                prompt=prompt(6, 64),
-                max_tokens=3500,
-                temperature=0,
-                stream=True,
-                extra_body={"ignore_eos": True, **scoped("ends")},
-            )
+            s = await open_scoped_stream(c, retire_server.model, "ends", prompt(6, 64), 3500)
             return await read_stream(s)
 
         old = asyncio.create_task(old_stream())
@@ -406,15 +406,7 @@ def test_the_old_stream_ends_at_once_with_superseded(
 
 
 async def _stream(c: openai.AsyncOpenAI, model: str, scope: str, tokens: list[int], n: int) -> Any:
-    s = await c.completions.create(
-        model=model,
-        prompt=tokens,
-        max_tokens=n,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True, **scoped(scope)},
-    )
-    chunks = await read_stream(s)
+    chunks = await read_stream(await open_scoped_stream(c, model, scope, tokens, n))
     return stamp(chunks[-1]), chunks[-1].choices[0].finish_reason
 
 
