@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import retire_core as rc
 from retire_checks.abstraction import Universe
 from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance as A
@@ -111,3 +112,16 @@ def recorded_core_run() -> Any:
     timer.stepping(False)
     core.handle(rc.Cancel("s"))
     return timer
+
+
+def one_written_page(*, completes: bool, closed: bool) -> rc.Retire:
+    """A core with scope ``s`` (context ``(1, 2)``) at version 0, participant ``a`` running, and
+    page 7 at position 0 written (filled or not), its writer closed with digest ``d7`` or open."""
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1, 2)))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.PageAllocated("s", 0, "a", 7, 0))
+    core.handle(rc.WriteAttempted("s", 0, "a", 7, completes))
+    if closed:
+        core.handle(rc.WriterClosed(7, "d7"))
+    return core

@@ -15,6 +15,7 @@ import pytest
 import retire_core as rc
 from retire_core import machine
 from retire_core.state import CoreState, ScopeState
+from tests.helpers import one_written_page
 
 
 def _transitions(core: rc.Retire) -> list[tuple[str, str, int, dict[str, Any]]]:
@@ -514,11 +515,7 @@ def test_a_core_without_a_ledger_remembers_no_drained_version() -> None:
 
 def test_a_drained_version_is_forgotten_only_once_its_last_page_is_gone() -> None:
     # A receipt may overtake the report that closes the participant's last writer.
-    core = rc.Retire()
-    core.handle(rc.Submit("s", "t", "f", (1, 2)))
-    core.handle(rc.ParticipantStarted("s", 0, "a"))
-    core.handle(rc.PageAllocated("s", 0, "a", 7, 0))
-    core.handle(rc.WriteAttempted("s", 0, "a", 7, False))
+    core = one_written_page(completes=False, closed=False)
     core.handle(rc.Supersede("s", (1, 3)))
     core.handle(rc.Receipt("s", 0, "a"))
     assert core.state.pages[7].writer_open and core.state.pages[7].version == 0

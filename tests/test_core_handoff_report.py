@@ -10,7 +10,7 @@ import pytest
 import retire_core as rc
 from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance as A
-from tests.helpers import UNI
+from tests.helpers import UNI, one_written_page
 from tests.test_core_behaviour import _warm_predecessor
 
 
@@ -140,12 +140,7 @@ def test_a_write_into_an_unallocated_page_is_fenced_with_that_reason() -> None:
 def test_a_page_released_while_its_version_drains_is_left_as_it_was_before_the_pin() -> None:
     # (The spec corrupts only unreferenced pages, so the explorer never sees this: the engine
     # reports bytes that differ for a page the draining predecessor still references.)
-    core = rc.Retire()
-    core.handle(rc.Submit("s", "t", "f", (1, 2)))
-    core.handle(rc.ParticipantStarted("s", 0, "a"))
-    core.handle(rc.PageAllocated("s", 0, "a", 7, 0))
-    core.handle(rc.WriteAttempted("s", 0, "a", 7, True))
-    core.handle(rc.WriterClosed(7, "d7"))
+    core = one_written_page(completes=True, closed=True)
     before = core.state.pages[7]
     out = core.handle(rc.Supersede("s", (1, 3)))
     assert [c for c in out if isinstance(c, rc.PinCertified)]
