@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -89,8 +90,6 @@ def _native_stderr_to(path: Path) -> None:
     """Send what native code writes to the process's stderr (torch's and oneDNN's C++ warnings,
     such as the NUMA binding notice of every engine start) to ``path``; Python's ``sys.stderr``
     (progress lines, errors) stays on the console."""
-    import sys
-
     console = os.dup(2)
     log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stderr.flush()

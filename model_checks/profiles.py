@@ -196,7 +196,7 @@ FULL = Profile(
             expected_seconds=150,
         ),
         # two tenants, each revised twice (chains e -> e+1 -> e+2 side by side), a late frame,
-        # a fault; 1,242,242 states (split across the workers)
+        # a fault; 1,242,242 states (the longest search: 250 s on one worker)
         Config(
             "tenants-chain",
             Bounds(2, 2, 1, 1, 1, 2, ((1,), (2,)), (0, 1)),
