@@ -278,7 +278,10 @@ def _demo_load(out: Path, trace: Any, path: str) -> bool:
         file=sys.stderr,
     )
     config = curve.LoadConfig(
-        time_scales=DEMO_TIME_SCALES, reps=1, model_path=str(ensure_default_model(size="small"))
+        time_scales=DEMO_TIME_SCALES,
+        reps=1,
+        model_path=str(ensure_default_model(size="small")),
+        server_logs=out / "servers",
     )
     ldoc = curve.evaluate(trace, config, trace_path=path)
     (out / "load.json").write_text(json.dumps(ldoc, indent=2, default=str) + "\n")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 import sys
 import tempfile
 import time
@@ -117,6 +118,7 @@ class LoadConfig:
     max_num_seqs: int | None = None  # None: scopes + 1
     cleanup_limit_s: float | None = None
     arms: tuple[str, ...] = ARMS
+    server_logs: Path | None = None  # where the servers' logs are kept; None: their temp dir
 
     def seqs(self, trace: Trace) -> int:
         return self.max_num_seqs or stats(trace).scopes + 1
@@ -247,9 +249,10 @@ def evaluate(
     log(f"clean reference: {len(prompts)} versions, cold, prefix caching off")
     reference = clean_reference(prompts, max_tokens, model_path=model, engine_overrides=overrides)
     options = server_options(model, config.num_blocks, seqs)
-    tmp = Path(tempfile.mkdtemp(prefix="retire-load-"))
+    tmp = Path(tempfile.mkdtemp(prefix="retire-load-"))  # short: vLLM's IPC sockets live here
     needs = {HTTP_ARMS[a].server for a in config.arms if a in HTTP_ARMS}
-    log(f"starting servers ({', '.join(sorted(needs))}); console logs under {tmp}")
+    kept = config.server_logs or tmp
+    log(f"starting servers ({', '.join(sorted(needs))}); their logs go to {kept}")
     servers: dict[str, Any] = {}
     problems: list[str] = []
     runs: dict[tuple[float, str], list[tuple[M.RunRecord, dict[str, Any], Any]]] = {}
@@ -308,9 +311,20 @@ def evaluate(
                 problems.append(str(err))
     doc = results_json(trace, config, runs, problems, trace_path=trace_path)
     doc["config"]["server_options"] = options
-    doc["config"]["server_logs"] = str(tmp)
+    doc["config"]["server_logs"] = str(_keep_logs(tmp, config.server_logs))
     doc["wall_s"] = time.perf_counter() - t_all
     return doc
+
+
+def _keep_logs(tmp: Path, keep: Path | None) -> Path:
+    """Copy each server's console and core logs from ``tmp`` to ``keep`` (when given)."""
+    if keep is None:
+        return tmp
+    for log_file in [*tmp.glob("*/*.log"), *tmp.glob("*/*.jsonl")]:
+        target = keep / log_file.parent.name / log_file.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_file, target)
+    return keep
 
 
 def results_json(

@@ -103,3 +103,23 @@ def test_servers_and_the_in_process_engine_get_the_same_settings(tmp_path: Path)
     assert value["--num-gpu-blocks-override"] == "100"
     assert value["--kv-cache-memory-bytes"] == str(over["kv_cache_memory_bytes"])
     assert "--enforce-eager" in opts
+
+
+def test_the_servers_logs_are_kept_where_the_run_names(tmp_path: Path) -> None:
+    """The servers run in a short temporary directory (vLLM's IPC sockets); their console and
+    core logs are copied to ``server_logs`` (the demo: ``OUT/servers``), nothing else."""
+    tmp, keep = tmp_path / "t", tmp_path / "out" / "servers"
+    for rel, text in [
+        ("retire/retire.log", "console"),
+        ("retire/retire-core.jsonl", "{}"),
+        ("stock/stock.log", "stock console"),
+        ("retire/socket-abc", ""),
+    ]:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(text)
+    assert curve._keep_logs(tmp, None) == tmp
+    assert not keep.exists()
+    assert curve._keep_logs(tmp, keep) == keep
+    kept = sorted(str(p.relative_to(keep)) for p in keep.rglob("*") if p.is_file())
+    assert kept == ["retire/retire-core.jsonl", "retire/retire.log", "stock/stock.log"]
+    assert (keep / "stock" / "stock.log").read_text() == "stock console"

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retire_bench.servers import RetireServer, StockServer
+from retire_bench.servers import CLIENT_TIMEOUT_S, HTTP, RetireServer, StockServer
 from retire_vllm.client import ScopeReader, read_stream, scoped, stamp
 
 pytestmark = pytest.mark.vllm
@@ -56,7 +56,7 @@ def stock_server(
 
 @pytest.fixture
 def client(retire_server: RetireServer, request: pytest.FixtureRequest) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=f"{retire_server.base}/v1", api_key="none", max_retries=0)
+    c = retire_server.openai()
     yield c
     c.close()
     try:
@@ -95,8 +95,7 @@ async def open_scoped_stream(
 
 
 async def revise_mid_stream(
-    base: str,
-    model: str,
+    server: RetireServer,
     scope: str,
     old: list[int],
     new: list[int],
@@ -108,7 +107,7 @@ async def revise_mid_stream(
     """Stream a version of ``scope`` for ``old``, read ``read`` of its chunks, revise the scope
     with ``new`` (not streamed) while the old stream is open, then read the old stream to its
     end: (the old stream's first chunk, its last chunk, the revision's response)."""
-    c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    c, model = server.openai(asynchronous=True), server.model
     stream = await open_scoped_stream(c, model, scope, old, old_max)
     chunks = []
     async for chunk in stream:
@@ -129,12 +128,12 @@ async def revise_mid_stream(
 
 def cancel(server: RetireServer, scope: str, tenant: str | None = None) -> httpx.Response:
     headers = {"x-retire-tenant": tenant} if tenant else {}
-    return httpx.post(f"{server.base}/v1/scopes/{scope}/cancel", headers=headers)
+    return HTTP.post(f"{server.base}/v1/scopes/{scope}/cancel", headers=headers)
 
 
 def status(server: RetireServer, scope: str, tenant: str | None = None) -> httpx.Response:
     headers = {"x-retire-tenant": tenant} if tenant else {}
-    return httpx.get(f"{server.base}/v1/scopes/{scope}", headers=headers)
+    return HTTP.get(f"{server.base}/v1/scopes/{scope}", headers=headers)
 
 
 # --- requests without a scope, and the handoff ----------------------------------------------------
@@ -143,7 +142,7 @@ def status(server: RetireServer, scope: str, tenant: str | None = None) -> httpx
 def test_unscoped_requests_are_served_as_stock_vllm_serves_them(
     client: openai.OpenAI, retire_server: RetireServer, stock_server: StockServer
 ) -> None:
-    stock = openai.OpenAI(base_url=f"{stock_server.base}/v1", api_key="none")
+    stock = stock_server.openai()
     tokens = prompt(1, 100)
     ours = complete(client, retire_server.model, tokens, 12)
     theirs = complete(stock, stock_server.model, tokens, 12)
@@ -155,7 +154,7 @@ def test_unscoped_requests_are_served_as_stock_vllm_serves_them(
 def test_revision_inherits_the_certified_prefix_and_equals_a_cold_run(
     client: openai.OpenAI, retire_server: RetireServer, stock_server: StockServer
 ) -> None:
-    stock = openai.OpenAI(base_url=f"{stock_server.base}/v1", api_key="none")
+    stock = stock_server.openai()
     base = prompt(2, 200)
     first = complete(client, retire_server.model, base, 8, **scoped("handoff"))
     assert stamp(first) == ("handoff", 0)
@@ -220,7 +219,7 @@ def _paused(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: st
     """A long streamed version of ``scope`` paused while it runs; returns its stream."""
     for _ in range(ATTEMPTS):
         stream = _long_stream(c, server, tokens, scope)
-        paused = httpx.post(f"{server.base}/v1/scopes/{scope}/pause")
+        paused = HTTP.post(f"{server.base}/v1/scopes/{scope}/pause")
         if paused.status_code == 200:
             assert paused.json()["state"] == "paused"
             return stream
@@ -277,7 +276,7 @@ def test_a_finished_version_goes_back_to_the_prefix_cache(
     third_prompt = [*revised, 1, 2]
     third = complete(client, model, third_prompt, 8, **scoped("fin"))
     assert third.usage.prompt_tokens_details.cached_tokens == 0
-    stock = openai.OpenAI(base_url=f"{stock_server.base}/v1", api_key="none")
+    stock = stock_server.openai()
     assert third.choices[0].text == complete(stock, model, third_prompt, 8).choices[0].text
     assert cancel(retire_server, "fin").status_code == 200
 
@@ -295,12 +294,14 @@ def _reader(stream: Any, out: queue.Queue[Any]) -> None:
     out.put(None)
 
 
-def _trial(base: str, model: str, seed: int, trial: int, with_retire: bool) -> dict[str, int]:
+def _trial(
+    server: RetireServer | StockServer, seed: int, trial: int, with_retire: bool
+) -> dict[str, int]:
     """One slow-reader trial: the application reads the old stream through a queue, revises
     after ``k`` chunks, and keeps reading what it has. Returns the old tokens it read after the
     revision was accepted, and (Retire) what the reader dropped."""
     rng = random.Random(seed * 1000 + trial)
-    c = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    c, model = server.openai(), server.model
     scope = f"trial-{seed}-{trial}"
     tokens = prompt(seed * 1000 + trial, 96)
     body: dict[str, Any] = {"ignore_eos": True}
@@ -342,7 +343,7 @@ def _trial(base: str, model: str, seed: int, trial: int, with_retire: bool) -> d
     assert finals[-1].choices[0].finish_reason == "length"
     if with_retire:
         assert all(stamp(ch) == (scope, 1) for ch in finals)
-        httpx.post(f"{base}/v1/scopes/{scope}/cancel").raise_for_status()
+        HTTP.post(f"{server.base}/v1/scopes/{scope}/cancel").raise_for_status()
     c.close()
     return {"old_chars_read_after": read_after, "dropped": app.dropped}
 
@@ -351,8 +352,8 @@ def _trial(base: str, model: str, seed: int, trial: int, with_retire: bool) -> d
 def test_no_old_token_is_read_after_the_revision_is_accepted(
     seed: int, retire_server: RetireServer, stock_server: StockServer
 ) -> None:
-    retire = [_trial(retire_server.base, retire_server.model, seed, t, True) for t in range(9)]
-    stock = [_trial(stock_server.base, stock_server.model, seed, t, False) for t in range(9)]
+    retire = [_trial(retire_server, seed, t, True) for t in range(9)]
+    stock = [_trial(stock_server, seed, t, False) for t in range(9)]
     assert sum(r["old_chars_read_after"] for r in retire) == 0
     print(
         f"seed {seed}: stock vLLM (client closes the old stream): "
@@ -369,14 +370,14 @@ def test_the_old_stream_ends_at_once_with_superseded(
     base = retire_server.base
 
     async def run() -> tuple[bool, list[Any]]:
-        c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        c = retire_server.openai(asynchronous=True)
 
         async def old_stream() -> list[Any]:
             s = await open_scoped_stream(c, retire_server.model, "ends", prompt(6, 64), 3500)
             return await read_stream(s)
 
         old = asyncio.create_task(old_stream())
-        async with httpx.AsyncClient() as h:
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as h:
             # Paused as soon as its version exists, the old version cannot reach its end.
             while (await h.get(f"{base}/v1/scopes/ends")).status_code != 200:
                 await asyncio.sleep(0.005)
@@ -414,7 +415,7 @@ def test_five_revisions_within_50_ms_and_concurrent_scopes(
     client: openai.OpenAI, retire_server: RetireServer
 ) -> None:
     async def run() -> list[Any]:
-        c = openai.AsyncOpenAI(base_url=f"{retire_server.base}/v1", api_key="none")
+        c = retire_server.openai(asynchronous=True)
         tasks = []
         for i in range(5):  # one scope, five versions in quick succession
             tasks.append(
@@ -461,9 +462,11 @@ def test_a_revision_that_arrives_while_a_step_is_in_flight(
     queue for the step boundary, and the old stream still publishes nothing after it."""
 
     async def run(scope: str) -> tuple[Any, Any]:
-        c = openai.AsyncOpenAI(base_url=f"{retire_server.base}/v1", api_key="none")
+        c = retire_server.openai(asynchronous=True)
         old = asyncio.create_task(_stream(c, retire_server.model, scope, prompt(80, 3000), 1000))
-        async with httpx.AsyncClient() as h:  # version 0 is admitted: its prefill is starting
+        async with httpx.AsyncClient(
+            timeout=CLIENT_TIMEOUT_S
+        ) as h:  # version 0 is admitted: its prefill is starting
             while (await h.get(f"{retire_server.base}/v1/scopes/{scope}")).status_code != 200:
                 await asyncio.sleep(0.005)
         new = await _stream(c, retire_server.model, scope, prompt(81, 40), 8)
@@ -493,14 +496,14 @@ def test_pause_resume_cancel_and_status(client: openai.OpenAI, retire_server: Re
     info = status(retire_server, "api").json()
     assert info["state"] == "finished" and info["version"] == 0
     assert info["receipts_outstanding"] == 0
-    idle = httpx.post(f"{base}/v1/scopes/api/pause")  # nothing runs that could be paused
+    idle = HTTP.post(f"{base}/v1/scopes/api/pause")  # nothing runs that could be paused
     assert idle.status_code == 409 and idle.json()["error"]["code"] == "illegal_scope_transition"
     # Paused, a version cannot reach its end: what follows does not race the engine.
     resumed = _paused(client, retire_server, prompt(31, 70), "api")
-    again = httpx.post(f"{base}/v1/scopes/api/pause")
+    again = HTTP.post(f"{base}/v1/scopes/api/pause")
     assert again.status_code == 409 and again.json()["error"]["code"] == "illegal_scope_transition"
     assert status(retire_server, "api").json()["state"] == "paused"
-    assert httpx.post(f"{base}/v1/scopes/api/resume").json()["state"] == "active"
+    assert HTTP.post(f"{base}/v1/scopes/api/resume").json()["state"] == "active"
     rest = [ch for ch in resumed]
     assert rest[-1].choices[0].finish_reason == "length"  # resumed, it runs to its end
     assert status(retire_server, "api").json()["state"] == "finished"
@@ -610,7 +613,7 @@ def test_bad_scope_requests_get_a_4xx_and_change_nothing(
 def test_bad_scope_routes(
     client: openai.OpenAI, retire_server: RetireServer, method: str, path: str, status_code: int
 ) -> None:
-    r = httpx.request(method, f"{retire_server.base}{path}")
+    r = HTTP.request(method, f"{retire_server.base}{path}")
     assert r.status_code == status_code
     assert set(r.json()["error"]) == {"message", "type", "code"}
 
@@ -618,7 +621,7 @@ def test_bad_scope_routes(
 def test_headers_put_a_request_under_a_scope(
     client: openai.OpenAI, retire_server: RetireServer
 ) -> None:
-    r = httpx.post(
+    r = HTTP.post(
         f"{retire_server.base}/v1/completions",
         headers={"x-retire-scope": "hdr", "x-retire-tenant": "acme"},
         json={
@@ -646,7 +649,7 @@ def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireSe
     complete(client, model, base, 4, **scoped("metered"))
     complete(client, model, [*base, 3], 4, **scoped("metered"))
     assert cancel(retire_server, "metered").status_code == 200
-    text = httpx.get(f"{retire_server.base}/metrics", headers={"accept-encoding": "gzip"}).text
+    text = HTTP.get(f"{retire_server.base}/metrics", headers={"accept-encoding": "gzip"}).text
     # vLLM's own /metrics body is still there, uncompressed (this server runs without vLLM's
     # engine stats, so its process metrics stand for it)
     assert "python_gc_objects_collected_total" in text
@@ -667,19 +670,19 @@ def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) 
     complete(client, model, prompt(70, 40), 2, **scoped("idle-a"))
     old = _paused(client, retire_server, prompt(71, 40), "busy")  # a paused request stays live
     expire = f"{retire_server.base}/v1/retire/expire"
-    assert httpx.post(expire, json={"idle_seconds": 3600}).json()["expired"] == []
-    assert httpx.post(expire, json={"idle_seconds": 0}).json()["expired"] == ["idle-a"]
+    assert HTTP.post(expire, json={"idle_seconds": 3600}).json()["expired"] == []
+    assert HTTP.post(expire, json={"idle_seconds": 0}).json()["expired"] == ["idle-a"]
     assert status(retire_server, "idle-a").json()["state"] == "cancelled"
-    assert httpx.post(expire, json={"idle_seconds": -1}).status_code == 400
+    assert HTTP.post(expire, json={"idle_seconds": -1}).status_code == 400
     assert status(retire_server, "busy").json()["state"] == "paused"  # kept
     assert cancel(retire_server, "busy").status_code == 200
     assert [ch for ch in old][-1].choices[0].finish_reason == "cancelled"
     # A cancelled scope answers ``scope_cancelled`` for one idle time, then it is forgotten: its
     # record goes, and its id opens a new scope at version 0.
     records = retire_server.leaks()["scope_records"]
-    assert httpx.post(expire, json={"idle_seconds": 3600}).json()["forgotten"] == []
+    assert HTTP.post(expire, json={"idle_seconds": 3600}).json()["forgotten"] == []
     assert complete_error(client, model, scoped("idle-a")).status_code == 409
-    forgotten = httpx.post(expire, json={"idle_seconds": 0}).json()["forgotten"]
+    forgotten = HTTP.post(expire, json={"idle_seconds": 0}).json()["forgotten"]
     assert {"idle-a", "busy"} <= set(forgotten)  # and the earlier tests' cancelled scopes
     assert retire_server.leaks()["scope_records"] == records - len(forgotten)
     assert status(retire_server, "idle-a").status_code == 404
@@ -712,20 +715,20 @@ def test_hostile_scope_requests_get_4xx_never_5xx_and_disturb_no_other_scope(
 ) -> None:
     base, model = retire_server.base, retire_server.model
     if (
-        httpx.get(f"{base}/v1/scopes/sentinel", headers={"x-retire-tenant": "guard"}).status_code
+        HTTP.get(f"{base}/v1/scopes/sentinel", headers={"x-retire-tenant": "guard"}).status_code
         != 200
     ):
         body = {"model": model, "prompt": prompt(90, 40), "max_tokens": 2, "temperature": 0}
         body["vllm_xargs"] = {"retire_scope": "sentinel", "retire_tenant": "guard"}
-        assert httpx.post(f"{base}/v1/completions", json=body).status_code == 200
+        assert HTTP.post(f"{base}/v1/completions", json=body).status_code == 200
     guard = {"x-retire-tenant": "guard"}
-    before = httpx.get(f"{base}/v1/scopes/sentinel", headers=guard).json()
+    before = HTTP.get(f"{base}/v1/scopes/sentinel", headers=guard).json()
     for op, scope, tenant, temperature in ops:
         xargs: dict[str, Any] = {"retire_scope": scope}
         if tenant is not None:
             xargs["retire_tenant"] = tenant
         if op in ("complete", "stream"):
-            r = httpx.post(
+            r = HTTP.post(
                 f"{base}/v1/completions",
                 json={
                     "model": model,
@@ -745,11 +748,11 @@ def test_hostile_scope_requests_get_4xx_never_5xx_and_disturb_no_other_scope(
             headers = {"x-retire-tenant": tenant.strip()} if sendable and tenant.strip() else {}
             method = "GET" if op == "status" else "POST"
             url = retire_server.scope_url(str(scope)) + path
-            r = httpx.request(method, url, headers=headers, timeout=60)
+            r = HTTP.request(method, url, headers=headers, timeout=60)
         assert r.status_code < 500, (op, scope, tenant, r.status_code, r.text[:300])
         if r.status_code >= 400:
             assert set(r.json()["error"]) >= {"message", "type", "code"}, r.text[:300]
-    after = httpx.get(f"{base}/v1/scopes/sentinel", headers=guard).json()
+    after = HTTP.get(f"{base}/v1/scopes/sentinel", headers=guard).json()
     assert after == before  # no hostile request disturbed another scope
     retire_server.release_all()
     retire_server.check_clean()

@@ -15,7 +15,6 @@ import asyncio
 import itertools
 from collections.abc import Iterator
 
-import openai
 import pytest
 
 from retire_bench.servers import RetireServer
@@ -49,7 +48,7 @@ def scope_on(rank: int) -> str:
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank: int) -> None:
-    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
+    client = server.openai()
     scope = scope_on(rank)
     base = prompt(40 + rank, 200)
     first = complete(client, server.model, base, 8, **scoped(scope))
@@ -63,9 +62,7 @@ def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank:
     assert second.choices[0].text == complete(client, server.model, revised, 12).choices[0].text
 
     third = [*revised[:140], *prompt(60 + rank, 30)]  # 4 blocks with version 1, while it runs
-    first_old, last_old, new = asyncio.run(
-        revise_mid_stream(server.base, server.model, scope, revised, third)
-    )
+    first_old, last_old, new = asyncio.run(revise_mid_stream(server, scope, revised, third))
     assert stamp(first_old) == (scope, 2)
     assert last_old.choices[0].finish_reason == "superseded"
     assert stamp(new) == (scope, 3)

@@ -15,7 +15,6 @@ import asyncio
 import json
 from collections.abc import Iterator
 
-import openai
 import pytest
 
 from retire_bench.servers import RetireServer
@@ -49,14 +48,12 @@ def test_a_revision_while_drafts_are_in_flight(server: RetireServer, read: int) 
     pred = prompt(200 + read, 150)
     succ = [*pred[:100], *prompt(300 + read, 30)]
     _, last_old, new = asyncio.run(
-        revise_mid_stream(
-            server.base, server.model, scope, pred, succ, read=read, old_max=400, new_max=24
-        )
+        revise_mid_stream(server, scope, pred, succ, read=read, new_max=24)
     )
     assert stamp(last_old) == (scope, 0)
     assert last_old.choices[0].finish_reason == "superseded"
     assert stamp(new) == (scope, 1)
-    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
+    client = server.openai()
     cold = complete(client, server.model, succ, 24)  # unscoped: served as stock vLLM serves it
     assert new.choices[0].text == cold.choices[0].text
     info = status(server, scope).json()

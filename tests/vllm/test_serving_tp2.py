@@ -12,11 +12,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-import httpx
-import openai
 import pytest
 
-from retire_bench.servers import RetireServer
+from retire_bench.servers import HTTP, RetireServer
 from retire_vllm.client import scoped, stamp
 
 pytestmark = pytest.mark.vllm
@@ -33,7 +31,7 @@ def tp2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServe
 
 
 def test_a_revision_under_tp2_waits_for_receipts_from_both_ranks(tp2_server: RetireServer) -> None:
-    c = openai.OpenAI(base_url=f"{tp2_server.base}/v1", api_key="none", max_retries=0)
+    c = tp2_server.openai()
     rng = random.Random(7)
     base = [rng.randrange(10, 2000) for _ in range(140)]
     revised = [*base[:130], 11, 12, 13]
@@ -53,7 +51,7 @@ def test_a_revision_under_tp2_waits_for_receipts_from_both_ranks(tp2_server: Ret
     assert stamp(second) == ("tp2", 1)
     assert second.choices[0].text == cold.choices[0].text  # type: ignore[attr-defined]
     assert second.usage.prompt_tokens_details.cached_tokens == 4 * 32  # type: ignore[attr-defined]
-    httpx.post(f"{tp2_server.base}/v1/scopes/tp2/cancel").raise_for_status()
+    HTTP.post(f"{tp2_server.base}/v1/scopes/tp2/cancel").raise_for_status()
     counters = tp2_server.leaks()["counters"]
     assert counters["rank_receipts"] >= 4  # two ranks, each version's request
     tp2_server.check_clean()

@@ -12,11 +12,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-import httpx
-import openai
 import pytest
 
-from retire_bench.servers import RetireServer, pool_options
+from retire_bench.servers import HTTP, RetireServer, pool_options
 from retire_vllm.client import scoped, stamp
 
 pytestmark = pytest.mark.vllm
@@ -38,7 +36,7 @@ def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireSer
 
 
 def test_200_scopes_in_turn_do_not_fill_the_pool(small_server: RetireServer) -> None:
-    c = openai.OpenAI(base_url=f"{small_server.base}/v1", api_key="none", timeout=60)
+    c = small_server.openai()
     rng = random.Random(11)
     for i in range(TURNS):
         tokens = [rng.randrange(10, 2000) for _ in range(2 * BLOCK)]
@@ -56,7 +54,7 @@ def test_200_scopes_in_turn_do_not_fill_the_pool(small_server: RetireServer) -> 
     assert len(leaks["live_scopes"]) == TURNS  # finished, still revisable (until they expire)
     # each version gave back the block a revision could inherit (vLLM never hits a prompt's
     # last token: 1 of the 2), and vLLM evicted the oldest ones to make room
-    last = httpx.get(small_server.scope_url(f"turn-{TURNS - 1}")).json()
+    last = HTTP.get(small_server.scope_url(f"turn-{TURNS - 1}")).json()
     assert last["state"] == "finished" and len(last["cached_pages"]) == 1
     assert leaks["counters"]["cached_blocks_evicted"] >= TURNS - (BLOCKS - 1)
     small_server.release_all()  # cancels them all: what is still cached is freed
