@@ -16,7 +16,14 @@ from typing import Any
 
 import attrs
 
-from retire_core import CoreState, ScopeState
+from retire_core import (
+    COLD_CONTRACT,
+    DEFAULT_CONTRACT,
+    Contract,
+    CoreState,
+    ReusePolicy,
+    ScopeState,
+)
 from retire_spec.schema import (
     ACTIVE,
     CANCELLED,
@@ -42,15 +49,38 @@ class Universe:
     scopes: tuple[str, ...]
     parts: tuple[str, ...]
     tenants: tuple[str, ...]
+    # The engine's KV cache groups (``Contract.kv_windows``) and the group of each page slot
+    # (empty: all in group 0). A page's group is fixed by its slot: the spec's rules are per
+    # page and never read it; the core's cut and the engine's books do.
+    kv_windows: tuple[int, ...] = (0,)
+    page_groups: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, bounds: Bounds) -> Universe:
+    def of(
+        cls, bounds: Bounds, kv_windows: tuple[int, ...] = (0,), page_groups: tuple[int, ...] = ()
+    ) -> Universe:
+        if page_groups and len(page_groups) != bounds.pages:
+            raise ValueError("one group per page slot is required")
+        if any(g >= len(kv_windows) for g in page_groups):
+            raise ValueError(f"page groups {page_groups} name a group kv_windows lacks")
         return cls(
             bounds,
             tuple(f"s{i}" for i in range(bounds.scopes)),
             tuple(f"q{i}" for i in range(bounds.parts)),
             tuple(f"t{fp}" for fp in bounds.fingerprints),
+            kv_windows,
+            page_groups,
         )
+
+    def group(self, page: int) -> int:
+        return self.page_groups[page] if self.page_groups else 0
+
+    def contract(self, reuse: bool) -> Contract:
+        """The contract of a version opened with (``reuse``) or without handoff."""
+        policy = ReusePolicy.AUTO if reuse else ReusePolicy.NEVER
+        if self.kv_windows == (0,):
+            return DEFAULT_CONTRACT if reuse else COLD_CONTRACT
+        return Contract(reuse=policy, kv_windows=self.kv_windows)
 
     def scope_slot(self, scope: str) -> int:
         return self.scopes.index(scope)

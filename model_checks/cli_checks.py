@@ -281,6 +281,8 @@ def check(args: argparse.Namespace) -> int:
                     "fingerprints": list(r.config.bounds.fingerprints),
                 },
                 "ledger_size": r.config.ledger_size,
+                "kv_windows": list(r.config.kv_windows),
+                "page_groups": list(r.config.page_groups),
                 "faults": r.config.budget.faults,
                 "states": r.states,
                 "transitions": r.transitions,

@@ -36,6 +36,9 @@ class Config:
     ledger_size: int = 1024
     max_states: int | None = None  # a cap; a capped run is reported as not exhaustive
     symmetry: bool = True
+    # KV cache groups (``Universe``): the contracts' ``kv_windows`` and each page slot's group.
+    kv_windows: tuple[int, ...] = (0,)
+    page_groups: tuple[int, ...] = ()
     # One worker's seconds for this search in the last measured run (0: unknown); only orders
     # configurations that run side by side, longest first, so that the cores finish together.
     expected_seconds: float = attrs.field(default=0.0, eq=False)
@@ -58,7 +61,7 @@ def new_lockstep(
     memo: StepMemo | None = None,
 ) -> Lockstep:
     return Lockstep(
-        Universe.of(config.bounds),
+        Universe.of(config.bounds, config.kv_windows, config.page_groups),
         step_fn=step_fn,
         invariants=invariants,
         actions=actions,

@@ -23,10 +23,6 @@ KIND_OF = {0: rc.FrameKind.TOKEN, 1: rc.FrameKind.COMMIT, 2: rc.FrameKind.INSTAL
 _SCOPE_CALLS = {"pause": rc.Pause, "unpause": rc.Unpause, "cancel": rc.Cancel, "forget": rc.Forget}
 
 
-def contract_of(reuse: bool) -> rc.Contract:
-    return rc.DEFAULT_CONTRACT if reuse else rc.COLD_CONTRACT
-
-
 def core_event(
     inst: ActionInstance, uni: Universe, spec: SpecState, launched: Mapping[int, tuple[int, int]]
 ) -> Any:
@@ -36,12 +32,10 @@ def core_event(
     n = inst.name
     if n == "open":
         s, ctx, reuse = a
-        return rc.Submit(
-            u.scopes[s], u.tenants[s], u.fingerprint(s), tuple(ctx), contract_of(reuse)
-        )
+        return rc.Submit(u.scopes[s], u.tenants[s], u.fingerprint(s), tuple(ctx), u.contract(reuse))
     if n == "supersede":
         s, ctx, reuse = a
-        return rc.Supersede(u.scopes[s], tuple(ctx), contract_of(reuse))
+        return rc.Supersede(u.scopes[s], tuple(ctx), u.contract(reuse))
     if n in _SCOPE_CALLS:
         return _SCOPE_CALLS[n](u.scopes[a[0]])
     if n == "launch":
@@ -61,7 +55,7 @@ def core_event(
     if n == "allocate":
         p, q, i = a
         s, v = launched[q]
-        return rc.PageAllocated(u.scopes[s], v, u.parts[q], p, i)
+        return rc.PageAllocated(u.scopes[s], v, u.parts[q], p, i, u.group(p))
     if n == "attempt_write" or n == "attempt_draft":
         p, q, done = a
         s, v = launched[q]

@@ -134,6 +134,8 @@ CONFIG = Config(
         drafts={budget.drafts!r},
     ),
     ledger_size={cex.config.ledger_size},
+    kv_windows={cex.config.kv_windows!r},
+    page_groups={cex.config.page_groups!r},
 )
 MOVES = (
 {moves},

@@ -19,10 +19,13 @@ the commands and the transitions) and plays the commands on the engine's own boo
   them in its cache (each must be tracked, unpinned and not cached already); from then on, and
   only then, it may evict them (``PageEvicted``); a ``PinCertified`` takes one back out of the
   cache, a ``Free`` or an eviction forgets it.
-* ``Admit``: the engine may launch participants of that version from now on; the number of
-  adopted blocks is the number of pages ``Adopt`` handed over for that version in this step
-  (none for a cold start), and every ``open``/``resume`` transition has its ``Admit`` (same
-  scope, version, adopted blocks and cold flag) and no other ``Admit`` is emitted.
+* ``Admit``: the engine may launch participants of that version from now on; the pages
+  ``Adopt`` handed over for that version in this step fill exactly the slots its layers read
+  below the adopted blocks (none for a cold start): in every full-attention KV cache group each
+  block before the cut, in a group with a sliding window of ``w`` blocks the last ``w`` of them
+  (a rule restated here, not imported from the core it checks); and every ``open``/``resume``
+  transition has its ``Admit`` (same scope, version, adopted blocks and cold flag) and no other
+  ``Admit`` is emitted.
 * ``Fence``: names running participants of a version without authority; after it the engine
   launches nothing more for that version. Every participant that is running for a version
   without authority after the step, and was not before it, must have been named by a
@@ -99,10 +102,13 @@ def obey(
     transitions: Sequence[rc.Transition],
     scope_slot: Callable[[str], int],
     books: Callable[[rc.CoreState], Books] = books_of,
+    kv_windows: tuple[int, ...] = (0,),
+    page_group: Callable[[int], int] = lambda page: 0,
 ) -> tuple[EngineOp, ...]:
     """Check one core step's commands against the engine's books (see the module docstring);
     return the changes to the set of launchable versions. ``books``: ``books_of``, or a memo
-    of it (a search meets each core state in many steps)."""
+    of it (a search meets each core state in many steps); ``kv_windows`` and ``page_group``:
+    the engine's KV cache groups and the group it allocated each page in."""
     was = books(before)
     pins = set(was.pins)
     held = set(was.held)
@@ -114,7 +120,7 @@ def obey(
             raise CommandViolation(f"the engine evicted page {event.page}, not in its cache")
         cached.discard(event.page)  # the engine evicted it: that is the event
         held.discard(event.page)
-    adopted: dict[tuple[str, int], int] = {}
+    adopted: dict[tuple[str, int], list[int]] = {}
     fenced: set[tuple[str, str]] = set()
     admits: list[tuple[Any, Any, Any, Any]] = []
     frames: list[tuple[Any, ...]] = []
@@ -156,8 +162,7 @@ def obey(
                 if p not in pins:
                     raise CommandViolation(f"Adopt of page {p}, which the engine has not pinned")
                 pins.discard(p)
-            key = (scope, version)
-            adopted[key] = adopted.get(key, 0) + len(c.pages)  # type: ignore[union-attr]
+            adopted.setdefault((scope, version), []).extend(c.pages)  # type: ignore[union-attr]
         elif t is rc.Free:
             for p in c.pages:  # type: ignore[union-attr]
                 if p in pins:
@@ -175,11 +180,20 @@ def obey(
         elif t is rc.Admit:
             scope, version = c.scope, c.version  # type: ignore[union-attr]
             blocks, cold = c.adopted_blocks, c.cold  # type: ignore[union-attr]
-            got = adopted.get((scope, version), 0)
-            if blocks != got or (cold and blocks):
+            pages = after.pages
+            got = sorted(
+                (pages[p].position if p in pages else -1, page_group(p))
+                for p in adopted.get((scope, version), ())
+            )
+            read = sorted(
+                (i, g)
+                for g, w in enumerate(kv_windows)
+                for i in range(max(0, blocks - w) if w else 0, blocks)
+            )
+            if got != read or (cold and blocks):
                 raise CommandViolation(
-                    f"Admit of {scope}@{version} with {blocks} adopted blocks (cold={cold}), "
-                    f"but Adopt handed over {got} pages for it"
+                    f"Admit of {scope}@{version} with {blocks} adopted blocks (cold={cold}): "
+                    f"its layers read (position, group) {read}, Adopt handed over {got}"
                 )
             admits.append((scope, version, blocks, cold))
             ops.append(("admit", scope_slot(scope), version))

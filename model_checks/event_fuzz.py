@@ -76,6 +76,7 @@ CONTRACTS = (
     rc.Contract(reuse=rc.ReusePolicy.ALWAYS),
     rc.Contract(min_reuse_blocks=2),
     rc.Contract(min_reuse_blocks=0),
+    rc.Contract(kv_windows=(0, 2)),  # two KV cache groups: full attention, a sliding window
 )
 KINDS = tuple(rc.FrameKind)
 
@@ -259,12 +260,16 @@ class _Trace:
         if not running or not free:
             return None
         s, q, v = self.rng.choice(running)
-        # an engine fills a request's blocks in order
-        held = {r.position for r in state.pages.values() if r.participant == q}
+        groups = len(state.scopes[s].contract.kv_windows)
+        group = self.rng.randrange(groups) if groups > 1 else 0
+        if self.rng.random() < 0.02:
+            group = groups  # a group the contract does not name: refused
+        # an engine fills a request's blocks in order, in each group
+        held = {r.position for r in state.pages.values() if r.participant == q and r.group == group}
         position = min(set(range(len(held) + 1)) - held)
         if self.rng.random() < 0.15:
             position = self.rng.randint(0, len(state.scopes[s].context))
-        return rc.PageAllocated(s, v, q, self.rng.choice(free), position)
+        return rc.PageAllocated(s, v, q, self.rng.choice(free), position, group)
 
     def _write(self, state: CoreState) -> Any:
         open_pages = [(p, r) for p, r in state.pages.items() if r.writer_open]

@@ -570,6 +570,8 @@ class Lockstep:
                 result.transitions,
                 self.uni.scope_slot,
                 books_of if memo is None else memo.books_of,
+                self.uni.kv_windows,
+                self.uni.group,
             )
         except CommandViolation as err:
             raise RefinementError(

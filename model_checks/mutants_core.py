@@ -106,7 +106,7 @@ def _write_gate_ignoring(field: str) -> Callable[..., tuple[bool, rc.FenceReason
 
 
 def _candidates_open_writers(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
-    by_position = _candidates(txn, scope, rec)
+    by_slot = _candidates(txn, scope, rec)
     for p, page in txn.pages.items():
         if (
             page.owner == scope
@@ -116,12 +116,12 @@ def _candidates_open_writers(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
             and page.prefix == rec.context[page.position]
         ):
             fake = evolve_record(page, writer_open=False, full=True, digest=page.digest or "0")
-            by_position.setdefault(page.position, []).append((p, fake))
-    return by_position
+            by_slot.setdefault((page.group, page.position), []).append((p, fake))
+    return by_slot
 
 
 def _candidates_any_prefix(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
-    by_position: dict[int, list[Any]] = {}
+    by_slot: dict[tuple[int, int], list[Any]] = {}
     for p, page in txn.pages.items():
         if (
             page.owner == scope
@@ -130,12 +130,12 @@ def _candidates_any_prefix(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
             and page.position < len(rec.context)
             and page.prefix is not None  # ... but not whether it equals the revised context's
         ):
-            by_position.setdefault(page.position, []).append((p, page))
-    return by_position
+            by_slot.setdefault((page.group, page.position), []).append((p, page))
+    return by_slot
 
 
 def _candidates_any_scope(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
-    by_position: dict[int, list[Any]] = {}
+    by_slot: dict[tuple[int, int], list[Any]] = {}
     for p, page in txn.pages.items():
         if (
             page.version < rec.epoch  # any owner, any fingerprint: another tenant's pages too
@@ -144,8 +144,8 @@ def _candidates_any_scope(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
             and page.prefix is not None
             and page.prefix == rec.context[page.position]
         ):
-            by_position.setdefault(page.position, []).append((p, page))
-    return by_position
+            by_slot.setdefault((page.group, page.position), []).append((p, page))
+    return by_slot
 
 
 def _verify_ignoring(field: str) -> Callable[[Any, rc.AdoptionReport], None]:
@@ -246,7 +246,7 @@ def _certify_cold_too(txn: Any, scope: str) -> None:
 def _candidates_any_owner(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
     """ALIGN's candidates without the owner check (the fingerprint is still compared): a
     scope of the same tenant and model inherits another scope's pages."""
-    by_position: dict[int, list[Any]] = {}
+    by_slot: dict[tuple[int, int], list[Any]] = {}
     for p, page in txn.pages.items():
         if (
             page.version < rec.epoch
@@ -256,8 +256,8 @@ def _candidates_any_owner(txn: Any, scope: str, rec: rc.ScopeRecord) -> Any:
             and page.fingerprint == rec.fingerprint
             and page.prefix == rec.context[page.position]
         ):
-            by_position.setdefault(page.position, []).append((p, page))
-    return by_position
+            by_slot.setdefault((page.group, page.position), []).append((p, page))
+    return by_slot
 
 
 _on_write = handlers.on_write
@@ -356,6 +356,17 @@ def _admit_next_version(txn: Any, c: rc.Admit) -> rc.Admit:
 def _admit_claiming_blocks(txn: Any, c: rc.Admit) -> rc.Admit:
     blocks = len(txn.scopes[c.scope].context)
     return attrs.evolve(c, adopted_blocks=blocks, cold=False)
+
+
+def _admit_counting_pages(txn: Any, c: rc.Admit) -> rc.Admit:
+    adopted = sum(
+        len(a.pages) for a in txn.commands if isinstance(a, rc.Adopt) and a.scope == c.scope
+    )
+    return c if c.cold else attrs.evolve(c, adopted_blocks=adopted)
+
+
+def _cut_reads_first_group(windows: tuple[int, ...], cut: int) -> list[tuple[int, int]]:
+    return [(0, i) for i in range(max(0, cut - windows[0]) if windows[0] else 0, cut)]
 
 
 def _adopt_previous_version(txn: Any, c: rc.Adopt) -> rc.Adopt:
@@ -582,6 +593,23 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "Admit tells the engine every block of the context was adopted",
         (_C["chain"],),
         _mapped(rc.Admit, _admit_claiming_blocks),
+    ),
+    Mutant(
+        "admit_counts_pages",
+        "command distorted (Admit)",
+        "core",
+        "Admit counts the pages adopted as blocks: with two KV cache groups, twice the cut",
+        (_C["groups"],),
+        _mapped(rc.Admit, _admit_counting_pages),
+    ),
+    Mutant(
+        "cut_ignores_other_groups",
+        "KV group cut",
+        "core",
+        "ALIGN and RESUME take only the first KV cache group's pages for a cut: the successor "
+        "starts without the other groups' blocks",
+        (_C["groups"],),
+        _p(handoff, "required_slots", _cut_reads_first_group),
     ),
     Mutant(
         "pin_certified_dropped",

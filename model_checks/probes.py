@@ -89,6 +89,7 @@ PATHS = (
     "path:revise_after_finish",  # a finished scope revised: the next version starts
     "path:drafts_rejected",  # a verification rejects drafts: the page is incomplete again
     "path:drafts_rolled_back",  # a writer closes over unverified drafts: they are rolled back
+    "path:adopt_second_group",  # a successor adopts a page of a second KV cache group
 )
 # every command class the core can emit, met by the engine's checks (``engine.obey``)
 COMMANDS = tuple(f"command:{name}" for name in COMMANDS_CHECKED)
@@ -117,6 +118,8 @@ def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
             hits.append("path:drafts_rejected")
         elif a == "close_writer" and len(t.changed) > 1:  # ``full`` and ``draft`` changed too
             hits.append("path:drafts_rolled_back")
+        elif a == "adopt" and any(key == "group" for key, _ in t.args):
+            hits.append("path:adopt_second_group")
     if "adopt" in actions and "release" in actions:
         hits.append("path:partial_adoption")
     if "finish" in actions and "free" in actions:

@@ -42,6 +42,18 @@ _DRAFTS = Config(
     expected_seconds=1.5,
 )
 
+# Two KV cache groups, full attention and a one-block sliding window, one page each: a cut
+# needs a page of every group (the engine checks that Admit's blocks are what Adopt handed over).
+_GROUPS = Config(
+    "groups",
+    Bounds(1, 2, 0, 2, 1, 1, ((1,),), (0,)),
+    Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+    ledger_size=1,
+    kv_windows=(0, 1),
+    page_groups=(0, 1),
+    expected_seconds=1.0,
+)
+
 QUICK = Profile(
     "quick",
     (
@@ -87,6 +99,7 @@ QUICK = Profile(
         # (Draft moves in every configuration above would cost 79% more states and 125% more
         # time; this world alone adds 8% and 14%.)
         _DRAFTS,
+        _GROUPS,
     ),
     ALL_PROBES,
 )
@@ -219,6 +232,19 @@ FULL = Profile(
             ),
             ledger_size=1,
             expected_seconds=15,
+        ),
+        _GROUPS,
+        # two KV cache groups over two blocks: full attention (two pages) and a one-block
+        # sliding window (one page), so a cut of two blocks leaves the sliding group's first
+        # block out; a fault
+        Config(
+            "groups-window",
+            Bounds(1, 2, 0, 3, 2, 1, ((1, 2),), (0,)),
+            Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+            ledger_size=1,
+            kv_windows=(0, 1),
+            page_groups=(0, 0, 1),
+            expected_seconds=80,
         ),
     ),
     ALL_PROBES,

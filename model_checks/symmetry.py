@@ -59,9 +59,10 @@ CORE_FIELDS: dict[type, tuple[str, ...]] = {
         "digest",
         "held",
         "pinned",
+        "group",
     ),
     rc.Certificate: ("scope", "version", "entries"),
-    rc.CertEntry: ("page", "position", "generation", "prefix", "fingerprint", "digest"),
+    rc.CertEntry: ("page", "position", "generation", "prefix", "fingerprint", "digest", "group"),
 }
 
 
@@ -350,6 +351,7 @@ def encode_core(core: rc.CoreState, ren: Renaming, parts: Mapping[str, str]) -> 
                         e.prefix,
                         fn.get(e.fingerprint, e.fingerprint),
                         e.digest,
+                        e.group,
                     )
                     for e in cert.entries
                 ),
@@ -386,6 +388,7 @@ def encode_core(core: rc.CoreState, ren: Renaming, parts: Mapping[str, str]) -> 
             r.digest,
             r.held,
             r.pinned,
+            r.group,
         )
         for p, r in sorted(core.pages.items())
     )
@@ -421,7 +424,7 @@ def core_class(core: rc.CoreState) -> int:
                     else (
                         cert.version,
                         tuple(
-                            (e.page, e.position, e.generation, e.prefix, e.digest)
+                            (e.page, e.position, e.generation, e.prefix, e.digest, e.group)
                             for e in cert.entries
                         ),
                     ),
@@ -442,6 +445,7 @@ def core_class(core: rc.CoreState) -> int:
             r.digest,
             r.held,
             r.pinned,
+            r.group,
         )
         for p, r in sorted(core.pages.items())
     )

@@ -69,6 +69,7 @@ class CertEntry:
     prefix: BlockKey
     fingerprint: str
     digest: str
+    group: int = 0
 
 
 @attrs.frozen(slots=True)

@@ -68,6 +68,11 @@ def _page(_: object, __: object, v: int) -> None:
         check_number(v, "page")
 
 
+def _group(_: object, __: object, v: int) -> None:
+    if v.__class__ is not int or v < 0:
+        check_number(v, "group")
+
+
 def _frame(_: object, __: object, v: int) -> None:
     if v.__class__ is not int or v < 0:
         check_number(v, "frame")
@@ -172,13 +177,15 @@ class FrameArrived:
 
 @attrs.frozen(slots=True)
 class PageAllocated:
-    """The engine gave page ``page`` to a participant, to hold block ``position`` of its context."""
+    """The engine gave page ``page`` to a participant, to hold block ``position`` of its context
+    in KV cache group ``group`` (an index into the contract's ``kv_windows``)."""
 
     scope: ScopeId = attrs.field(validator=_scope)
     version: Version = attrs.field(validator=_version)
     participant: ParticipantId = attrs.field(validator=_participant)
     page: PageId = attrs.field(validator=_page)
     position: int = attrs.field(validator=_page)
+    group: int = attrs.field(default=0, validator=_group)
 
 
 @attrs.frozen(slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from retire_core import handoff, reclaim
 from retire_core.commands import Admit, AllowWrite, Drop, Fence, FenceWrite, Publish
 from retire_core.errors import (
+    ContractError,
     DoubleFreeError,
     DuplicateParticipantError,
     DuplicateReceiptError,
@@ -337,26 +338,30 @@ def on_page_allocated(txn: Txn, ev: PageAllocated) -> None:
     owner = txn.rpages.get(p)
     if owner is not None:
         raise PageInUseError(f"page {p} is still allocated to {owner.owner}@{owner.version}")
+    group = ev.group
+    if group >= len(rec.contract.kv_windows):
+        raise ContractError(
+            f"page {p} is in KV cache group {group}, but the contract of {scope} names "
+            f"{len(rec.contract.kv_windows)} group(s)"
+        )
     authority = rec.has_authority(version) and rec.admitted
     prefix = rec.context[position] if authority and position < len(rec.context) else None
     generations = txn.generations
     generation = generations.get(p, 0) + 1
     generations[p] = generation
-    txn.pages[p] = PageRecord(scope, version, q, generation, position, prefix, rec.fingerprint)
+    txn.pages[p] = PageRecord(
+        scope, version, q, generation, position, prefix, rec.fingerprint, group=group
+    )
+    args: tuple[tuple[str, object], ...] = (
+        ("page", p),
+        ("participant", q),
+        ("position", position),
+        ("inheritable", prefix is not None),
+    )
+    if group:  # one group (the common engine) logs no group: its logs read as before groups
+        args += (("group", group),)
     txn.transitions.append(
-        transition(
-            "allocate",
-            _RUN_STAGE,
-            scope,
-            version,
-            (
-                ("page", p),
-                ("participant", q),
-                ("position", position),
-                ("inheritable", prefix is not None),
-            ),
-            (("generation", generation),),
-        )
+        transition("allocate", _RUN_STAGE, scope, version, args, (("generation", generation),))
     )
 
 

@@ -1,13 +1,17 @@
 """ALIGN and RESUME: which predecessor pages the successor may inherit, and installing them.
 
-``certify_prefix`` walks the revised context block by block and certifies the longest prefix of
-completed, full, writer-closed pages of the scope's retired versions whose prefix identity and
-configuration fingerprint match; it waits while a matching page's writer is still open (FENCE
-will close it), skips pinning entirely when the contract says reuse is not worth it (a cold
-successor), and otherwise pins the certificate and asks the engine for a byte check.
-``verify_adoption`` compares that check with the certificate (generation and digest) and adopts
-the longest still-valid prefix; the rest is released and recomputed. Rule 2 (versioned handoff)
-is decided here and nowhere else.
+``certify_prefix`` finds the longest prefix of the revised context (the *cut*, in blocks) whose
+every required page is a completed, full, writer-closed page of the scope's retired versions
+with matching prefix identity and configuration fingerprint, and certifies those pages; it waits
+while a matching page's writer is still open (FENCE will close it), skips pinning entirely when
+the contract says reuse is not worth it (a cold successor), and otherwise pins the certificate
+and asks the engine for a byte check. ``verify_adoption`` compares that check with the
+certificate (generation and digest) and adopts the longest cut whose required pages are all
+still valid; the rest is released and recomputed. With several KV cache groups
+(``Contract.kv_windows``) a cut's required pages are, in a full-attention group, every block
+before it, and in a sliding-window group of ``w`` blocks only the ``w`` blocks ending at it: its
+layers read nothing earlier, so earlier blocks are not state a successor can observe
+(``required_slots``, ``best_cut``). Rule 2 (versioned handoff) is decided here and nowhere else.
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ from retire_core.txn import Txn
 _PINNED = (("pinned", True),)
 
 
+#: A page's place in a successor's KV cache: (KV cache group, block position).
+Slot = tuple[int, int]
+
+
 def _candidates(
     txn: Txn, scope: ScopeId, rec: ScopeRecord
-) -> dict[int, list[tuple[PageId, PageRecord]]]:
-    by_position: dict[int, list[tuple[PageId, PageRecord]]] = {}
+) -> dict[Slot, list[tuple[PageId, PageRecord]]]:
+    by_slot: dict[Slot, list[tuple[PageId, PageRecord]]] = {}
     n = len(rec.context)
+    groups = len(rec.contract.kv_windows)
     pages = txn.read_pages()
     for p in txn.owned_pages(scope):
         page = pages[p]
@@ -37,33 +46,70 @@ def _candidates(
             page.version < rec.epoch
             and not page.pinned
             and page.position < n
+            and page.group < groups
             and page.prefix is not None
             and page.fingerprint == rec.fingerprint
             and page.prefix == rec.context[page.position]
         ):
-            by_position.setdefault(page.position, []).append((p, page))
-    return by_position
+            by_slot.setdefault((page.group, page.position), []).append((p, page))
+    return by_slot
+
+
+def required_slots(windows: tuple[int, ...], cut: int) -> list[Slot]:
+    """The slots a successor inheriting ``cut`` leading blocks reads, by position then group:
+    every block before the cut in a full-attention group (window 0), the last ``w`` in a group
+    with a sliding window of ``w`` blocks."""
+    lows = [max(0, cut - w) if w else 0 for w in windows]
+    return [(g, i) for i in range(min(lows), cut) for g, low in enumerate(lows) if i >= low]
+
+
+def best_cut(present: set[Slot] | dict[Slot, object], windows: tuple[int, ...], n: int) -> int:
+    """The largest cut, at most ``n`` blocks, whose every required slot is ``present``."""
+    limit = n
+    for g, w in enumerate(windows):
+        if not w:  # full attention: the cut stops at the group's first gap
+            i = 0
+            while i < limit and (g, i) in present:
+                i += 1
+            limit = i
+    sliding = [(g, w) for g, w in enumerate(windows) if w]
+    if not sliding or not limit:
+        return limit
+    runs = []  # per sliding group: how many present positions end at each position
+    for g, _ in sliding:
+        run, length = [], 0
+        for i in range(limit):
+            length = length + 1 if (g, i) in present else 0
+            run.append(length)
+        runs.append(run)
+    for cut in range(limit, 0, -1):
+        if all(run[cut - 1] >= min(w, cut) for (_, w), run in zip(sliding, runs, strict=True)):
+            return cut
+    return 0
 
 
 def longest_certifiable_prefix(
     txn: Txn, scope: ScopeId, rec: ScopeRecord
-) -> tuple[list[tuple[PageId, PageRecord]], bool]:
-    """The chain of certifiable pages from block 0, and whether it stopped at a page whose
-    writer is still open (then ALIGN must wait rather than cut the prefix short)."""
-    by_position = _candidates(txn, scope, rec)
-    chain: list[tuple[PageId, PageRecord]] = []
-    for i in range(len(rec.context)):
-        here = by_position.get(i, [])
-        done = [(p, pg) for p, pg in here if pg.full and not pg.writer_open]
-        if len(done) == 1:  # the common case: one page per position
-            chain.append(done[0])
-            continue
-        if done:
+) -> tuple[int, list[tuple[PageId, PageRecord]], bool]:
+    """The longest certifiable cut, its required pages (by position, then group), and whether
+    a longer cut waits for a page whose writer is still open (then ALIGN must wait rather than
+    cut the prefix short)."""
+    by_slot = _candidates(txn, scope, rec)
+    windows, n = rec.contract.kv_windows, len(rec.context)
+    done: dict[Slot, tuple[PageId, PageRecord]] = {}
+    maybe: set[Slot] = set()
+    for slot, here in by_slot.items():
+        complete = [(p, pg) for p, pg in here if pg.full and not pg.writer_open]
+        if len(complete) == 1:  # the common case: one page per slot
+            done[slot] = complete[0]
+        elif complete:
             # Prefer the newest retired version's page, then the lowest id: deterministic.
-            chain.append(min(done, key=lambda item: (-item[1].version, item[0])))
-            continue
-        return chain, any(pg.writer_open for _, pg in here)
-    return chain, False
+            done[slot] = min(complete, key=lambda item: (-item[1].version, item[0]))
+        if complete or any(pg.writer_open for _, pg in here):
+            maybe.add(slot)
+    cut = best_cut(done, windows, n)
+    chain = [done[slot] for slot in required_slots(windows, cut)]
+    return cut, chain, best_cut(maybe, windows, n) > cut
 
 
 def admit(txn: Txn, scope: ScopeId, adopted_blocks: int, cold: bool) -> None:
@@ -89,13 +135,13 @@ def certify_prefix(txn: Txn, scope: ScopeId) -> None:
     if not rec.contract.allows_reuse:
         admit(txn, scope, 0, cold=True)
         return
-    chain, pending = longest_certifiable_prefix(txn, scope, rec)
+    cut, chain, pending = longest_certifiable_prefix(txn, scope, rec)
     if pending:
         return
-    worth_it = len(chain) >= (
+    worth_it = cut >= (
         rec.contract.min_reuse_blocks if rec.contract.reuse is ReusePolicy.AUTO else 1
     )
-    if not chain or not worth_it:
+    if not cut or not worth_it:
         admit(txn, scope, 0, cold=True)
         return
     entries = []
@@ -103,9 +149,20 @@ def certify_prefix(txn: Txn, scope: ScopeId) -> None:
         assert page.digest is not None  # full and writer-closed pages carry their digest
         txn.pages[p] = evolve(page, pinned=True)
         entry = CertEntry(
-            p, page.position, page.generation, page.prefix or 0, page.fingerprint, page.digest
+            p,
+            page.position,
+            page.generation,
+            page.prefix or 0,
+            page.fingerprint,
+            page.digest,
+            page.group,
         )
         entries.append(entry)
+        facts: tuple[tuple[str, object], ...] = (
+            ("position", page.position),
+            ("generation", page.generation),
+            ("digest", page.digest),
+        )
         txn.record_page(
             "certify",
             Stage.ALIGN,
@@ -113,7 +170,7 @@ def certify_prefix(txn: Txn, scope: ScopeId) -> None:
             rec.epoch,
             p,
             _PINNED,
-            (("position", page.position), ("generation", page.generation), ("digest", page.digest)),
+            facts + ((("group", page.group),) if page.group else ()),
         )
     certificate = Certificate(scope, rec.epoch, tuple(entries))
     txn.scopes[scope] = evolve(rec, certificate=certificate)
@@ -148,21 +205,31 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
             f"the report for {scope}@{event.version} must give one digest for each certified "
             f"page {sorted(certificate.pages)}, got {sorted(d.page for d in event.digests)}"
         )
-    adopted: list[PageId] = []
-    released: list[PageId] = []
+    # The first failure in the certificate's order names why the rest is released.
     failure: ReleaseReason | None = None
+    valid: set[Slot] = set()
     for entry in certificate.entries:
         page = txn.pages.get(entry.page)
-        if failure is None:
-            if page is None or not page.pinned:
-                failure = ReleaseReason.PAGE_LOST
-            elif page.generation != entry.generation:
-                failure = ReleaseReason.GENERATION_CHANGED
-            elif reported[entry.page] != entry.digest:
-                failure = ReleaseReason.DIGEST_MISMATCH
+        if page is None or not page.pinned:
+            problem: ReleaseReason | None = ReleaseReason.PAGE_LOST
+        elif page.generation != entry.generation:
+            problem = ReleaseReason.GENERATION_CHANGED
+        elif reported[entry.page] != entry.digest:
+            problem = ReleaseReason.DIGEST_MISMATCH
+        else:
+            problem = None
+            valid.add((entry.group, entry.position))
+        failure = failure or problem
+    windows = rec.contract.kv_windows
+    cut = best_cut(valid, windows, len(rec.context))
+    kept = set(required_slots(windows, cut))
+    adopted: list[PageId] = []
+    released: list[PageId] = []
+    for entry in certificate.entries:
+        page = txn.pages.get(entry.page)
         if page is None:
             continue
-        if failure is None:
+        if (entry.group, entry.position) in kept:
             txn.pages[entry.page] = evolve(page, version=rec.epoch, held=True, pinned=False)
             adopted.append(entry.page)
             txn.record_page(
@@ -174,7 +241,8 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
                 (("version", rec.epoch), ("held", True), ("pinned", False)),
                 # the bytes the engine reported: trace validation checks them against the
                 # digest the page's writer closed with, independently of this comparison
-                (("position", entry.position), ("digest", reported[entry.page])),
+                (("position", entry.position), ("digest", reported[entry.page]))
+                + ((("group", entry.group),) if entry.group else ()),
             )
         elif page.pinned:
             txn.pages[entry.page] = evolve(page, pinned=False)
@@ -194,4 +262,4 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
         txn.emit(Adopt(scope, rec.epoch, tuple(adopted)))
     if released and failure is not None:  # a page is released only once a failure is found
         txn.emit(Unpin(tuple(released), failure))
-    admit(txn, scope, len(adopted), cold=False)
+    admit(txn, scope, cut, cold=False)

@@ -90,6 +90,7 @@ class PageRecord(NamedTuple):
     digest: str | None = None
     held: bool = True
     pinned: bool = False
+    group: int = 0  # the KV cache group (see ``Contract.kv_windows``)
 
 
 # For the one ``pages`` map it was computed from (see ``CoreState``): each scope's page ids, and
