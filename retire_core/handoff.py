@@ -16,6 +16,8 @@ layers read nothing earlier, so earlier blocks are not state a successor can obs
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from retire_core.commands import Admit, Adopt, CertEntry, Certificate, PinCertified, Unpin
 from retire_core.contract import ReusePolicy
 from retire_core.errors import ReportMismatchError
@@ -63,7 +65,7 @@ def required_slots(windows: tuple[int, ...], cut: int) -> list[Slot]:
     return [(g, i) for i in range(min(lows), cut) for g, low in enumerate(lows) if i >= low]
 
 
-def best_cut(present: set[Slot] | dict[Slot, object], windows: tuple[int, ...], n: int) -> int:
+def best_cut(present: Container[Slot], windows: tuple[int, ...], n: int) -> int:
     """The largest cut, at most ``n`` blocks, whose every required slot is ``present``."""
     limit = n
     for g, w in enumerate(windows):
