@@ -40,7 +40,6 @@ def _candidates(
 ) -> dict[Slot, list[tuple[PageId, PageRecord]]]:
     by_slot: dict[Slot, list[tuple[PageId, PageRecord]]] = {}
     n = len(rec.context)
-    groups = len(rec.contract.kv_windows)
     pages = txn.read_pages()
     for p in txn.owned_pages(scope):
         page = pages[p]
@@ -48,7 +47,6 @@ def _candidates(
             page.version < rec.epoch
             and not page.pinned
             and page.position < n
-            and page.group < groups
             and page.prefix is not None
             and page.fingerprint == rec.fingerprint
             and page.prefix == rec.context[page.position]
@@ -60,9 +58,10 @@ def _candidates(
 def required_slots(windows: tuple[int, ...], cut: int) -> list[Slot]:
     """The slots a successor inheriting ``cut`` leading blocks reads, by position then group:
     every block before the cut in a full-attention group (window 0), the last ``w`` in a group
-    with a sliding window of ``w`` blocks."""
+    with a sliding window of ``w`` blocks. (A page of a group the contract does not name is in
+    no such slot.)"""
     lows = [max(0, cut - w) if w else 0 for w in windows]
-    return [(g, i) for i in range(min(lows), cut) for g, low in enumerate(lows) if i >= low]
+    return [(g, i) for i in range(cut) for g, low in enumerate(lows) if i >= low]
 
 
 def best_cut(present: Container[Slot], windows: tuple[int, ...], n: int) -> int:
@@ -74,18 +73,17 @@ def best_cut(present: Container[Slot], windows: tuple[int, ...], n: int) -> int:
             while i < limit and (g, i) in present:
                 i += 1
             limit = i
-    sliding = [(g, w) for g, w in enumerate(windows) if w]
-    if not sliding or not limit:
-        return limit
-    runs = []  # per sliding group: how many present positions end at each position
-    for g, _ in sliding:
-        run, length = [], 0
-        for i in range(limit):
-            length = length + 1 if (g, i) in present else 0
-            run.append(length)
-        runs.append(run)
+    # per sliding-window group: its window, and how many present positions end at each one
+    runs: list[tuple[int, list[int]]] = []
+    for g, w in enumerate(windows):
+        if w:
+            run, length = [], 0
+            for i in range(limit):
+                length = length + 1 if (g, i) in present else 0
+                run.append(length)
+            runs.append((w, run))
     for cut in range(limit, 0, -1):
-        if all(run[cut - 1] >= min(w, cut) for (_, w), run in zip(sliding, runs, strict=True)):
+        if all(run[cut - 1] >= min(w, cut) for w, run in runs):
             return cut
     return 0
 

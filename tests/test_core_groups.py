@@ -133,6 +133,22 @@ def test_a_negative_group_is_a_malformed_event() -> None:
         rc.PageAllocated("s", 0, "a", 7, 0, -1)
 
 
+def test_a_page_of_a_second_group_logs_its_group() -> None:
+    core = rc.Retire()
+    core.handle(rc.Submit("s", "t", "f", (1, 2), SLIDING))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    core.handle(rc.PageAllocated("s", 0, "a", 7, 1, 1))
+    (allocate,) = core.last_transitions
+    assert dict(allocate.args) == {
+        "page": 7,
+        "participant": "a",
+        "position": 1,
+        "inheritable": True,
+        "group": 1,
+    }
+    assert core.state.pages[7].group == 1
+
+
 def test_one_group_logs_no_group_field() -> None:
     core = rc.Retire()
     core.handle(rc.Submit("s", "t", "f", (1, 2)))
