@@ -66,7 +66,7 @@ _CLEAN_MEMO = (
 _CLEAN_MEMO_N = (7, 8, 9, 14, 16, 33)
 EQUIVALENT.update(
     {
-        "retire_core.handoff.x_verify_adoption__mutmut_17": _LOST,  # `or` -> `and`
+        "retire_core.handoff.x_verify_adoption__mutmut_15": _LOST,  # `or` -> `and`
         "retire_core.reclaim.x__nothing_drained__mutmut_9": _SHORTCUT,
         "retire_core.reclaim.x__nothing_drained__mutmut_12": _SHORTCUT,
         **{f"retire_core.reclaim.x_reclaim__mutmut_{n}": _CLEAN_MEMO for n in _CLEAN_MEMO_N},
@@ -91,13 +91,28 @@ EQUIVALENT.update(
             "it anyway (`if not allowed or page is None`), with the same reason"
         ),
         "retire_core.handoff.x_release_certificate__mutmut_7": _LOST,  # `and` -> `or`
-        "retire_core.handoff.x_verify_adoption__mutmut_20": _LOST,  # no reason for a lost page
-        "retire_core.handoff.x_verify_adoption__mutmut_26": _LOST,  # `continue` -> `break`
-        "retire_core.handoff.x_verify_adoption__mutmut_106": (
+        "retire_core.handoff.x_verify_adoption__mutmut_18": _LOST,  # no reason for a lost page
+        "retire_core.handoff.x_verify_adoption__mutmut_46": _LOST,  # `continue` -> `break`
+        "retire_core.handoff.x_verify_adoption__mutmut_131": (
             "`released or failure` for `released and failure`: a page is released only once a "
             "failure is found, and the entry where the failure is found is itself released "
             "(a failure on a tracked, pinned page), except for a lost page, which cannot happen: "
             + _LOST
+        ),
+        "retire_core.handoff.x_verify_adoption__mutmut_11": (
+            "`failure` starts as '' instead of None: it is read only when a page is released, "
+            "and a page is released only when an entry failed (while every entry is valid the "
+            "certificate's own cut is the best one), by which time `failure or problem` holds "
+            "that entry's reason"
+        ),
+        "retire_core.handoff.x_verify_adoption__mutmut_23": (
+            "a valid entry's problem is '' instead of None: it is only or-ed into `failure`, "
+            "where both are false, so the first failing entry's reason still wins"
+        ),
+        "retire_core.handoff.x_best_cut__mutmut_16": (
+            "a sliding group's run count starts at 1 instead of 0: the start adds only to a run "
+            "that begins at block 0, and such a run ending at the cut's last block is already "
+            "`cut` long, at least min(w, cut), so every cut is judged the same"
         ),
     }
 )

@@ -133,31 +133,21 @@ def test_a_negative_group_is_a_malformed_event() -> None:
         rc.PageAllocated("s", 0, "a", 7, 0, -1)
 
 
-def test_a_page_of_a_second_group_logs_its_group() -> None:
+@pytest.mark.parametrize(
+    "contract, group, logged",
+    [
+        (SLIDING, 1, {"group": 1}),  # a second group's page says which group
+        (rc.DEFAULT_CONTRACT, 0, {}),  # one group: the line reads as before groups
+    ],
+)
+def test_an_allocation_logs_its_group_only_when_it_is_not_the_first(
+    contract: rc.Contract, group: int, logged: dict[str, int]
+) -> None:
     core = rc.Retire()
-    core.handle(rc.Submit("s", "t", "f", (1, 2), SLIDING))
+    core.handle(rc.Submit("s", "t", "f", (1, 2), contract))
     core.handle(rc.ParticipantStarted("s", 0, "a"))
-    core.handle(rc.PageAllocated("s", 0, "a", 7, 1, 1))
+    core.handle(rc.PageAllocated("s", 0, "a", 7, 1, group))
     (allocate,) = core.last_transitions
-    assert dict(allocate.args) == {
-        "page": 7,
-        "participant": "a",
-        "position": 1,
-        "inheritable": True,
-        "group": 1,
-    }
-    assert core.state.pages[7].group == 1
-
-
-def test_one_group_logs_no_group_field() -> None:
-    core = rc.Retire()
-    core.handle(rc.Submit("s", "t", "f", (1, 2)))
-    core.handle(rc.ParticipantStarted("s", 0, "a"))
-    core.handle(rc.PageAllocated("s", 0, "a", 7, 0))
-    (allocate,) = core.last_transitions
-    assert dict(allocate.args) == {
-        "page": 7,
-        "participant": "a",
-        "position": 0,
-        "inheritable": True,
-    }
+    fields = {"page": 7, "participant": "a", "position": 1, "inheritable": True}
+    assert dict(allocate.args) == {**fields, **logged}
+    assert core.state.pages[7].group == group
