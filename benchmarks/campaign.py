@@ -194,7 +194,7 @@ def _block_reused(facade: Any, checker: Any, rng: random.Random, out: Outcome) -
     facade.supersede(scope, succ, max_tokens=12)
     cert = facade.version_record(scope).certificate
     position = rng.randrange(len(cert))
-    victim, _, generation, _ = cert[position]
+    victim, _, generation, *_ = cert[position]
     reused_before = facade.stats.pages_reused
     faults.drop_references(facade, victim)  # behind the core's back
     _flood(facade, rng)

@@ -1,9 +1,12 @@
-"""Execution shapes beside the plain path: revisions inside active speculative decoding.
+"""Execution shapes beside the plain path: revisions inside active speculative decoding, and on a
+model with two KV cache groups.
 
-``python -m retire_bench.shapes [--seeds 0 1 2] [--json PATH]`` runs one workload on the tiny
-default model in three shapes: the plain path, speculative decoding whose draft model rejects
-almost every draft (a tiny model of other weights), and speculative decoding whose draft model
-accepts every draft (the target itself), three drafts a step. Each scope is revised at one of three
+``python -m retire_bench.shapes [--seeds 0 1 2] [--json PATH]`` runs one workload in four shapes:
+the plain path on the tiny default model, speculative decoding whose draft model rejects almost
+every draft (a tiny model of other weights), speculative decoding whose draft model accepts every
+draft (the target itself), three drafts a step, and the ``hybrid`` default model (a sliding-window
+layer and a full-attention layer: two KV cache groups; the successor adopts every block before
+the cut in one and the window's last blocks in the other). Each scope is revised at one of three
 moments: between steps; inside a step, after its drafts were proposed and before the model runs;
 after the model verified them and before the commit. Per shape: supersede-to-last-receipt time of
 every revision, the successor's reuse (blocks adopted against those of the common prefix), the
@@ -44,9 +47,22 @@ from typing import Any
 
 import attrs
 
-#: Draft model per shape (a seed of the tiny default model; seed 0 is the target), None: no
-#: speculative decoding.
-SHAPES: dict[str, int | None] = {"plain": None, "spec_rejecting": 1, "spec_accepting": 0}
+
+@attrs.frozen
+class Shape:
+    """A shape's model (a default model's size) and draft model (a seed of the tiny default
+    model; seed 0 is the target; None: no speculative decoding)."""
+
+    size: str = "tiny"
+    draft_seed: int | None = None
+
+
+SHAPES: dict[str, Shape] = {
+    "plain": Shape(),
+    "spec_rejecting": Shape(draft_seed=1),
+    "spec_accepting": Shape(draft_seed=0),
+    "kv_groups": Shape(size="hybrid"),
+}
 MOMENTS = ("between_steps", "drafts_proposed", "drafts_verified")
 NUM_BLOCKS = 256
 PRED_LEN, PRED_MAX, SUCC_MAX = 150, 60, 24
@@ -178,19 +194,25 @@ def run_shape(shape: str, seeds: Sequence[int], log_dir: Path) -> dict[str, Any]
     """One engine (and its clean reference) for ``shape``; one facade per seed."""
     from retire_vllm import identity
     from retire_vllm.checker import Checker
+    from retire_vllm.default_model import ensure_default_model
     from retire_vllm.engine_config import build_engine
     from retire_vllm.facade import RetireEngine
     from retire_vllm.scheduler import RetireScheduler
 
-    draft_seed = SHAPES[shape]
-    extra: dict[str, Any] = (
-        {} if draft_seed is None else {"speculative_config": speculative_config(draft_seed)}
-    )
+    draft_seed = SHAPES[shape].draft_seed
+    extra: dict[str, Any] = {"model": ensure_default_model(size=SHAPES[shape].size)}
+    if draft_seed is not None:
+        extra["speculative_config"] = speculative_config(draft_seed)
     ref = build_engine(num_blocks=NUM_BLOCKS, **extra)
     engine = build_engine(num_blocks=NUM_BLOCKS, scheduler_cls=RetireScheduler, **extra)
-    row: dict[str, Any] = {"shape": shape, "draft_model_seed": draft_seed, "errors": []}
+    row: dict[str, Any] = {
+        "shape": shape,
+        "model": SHAPES[shape].size,
+        "draft_model_seed": draft_seed,
+        "errors": [],
+    }
     cleanup: list[float] = []
-    adopted = reusable = admitted = successors = tokens = steps = 0
+    adopted = pages = reusable = admitted = successors = tokens = steps = 0
     window = draft_window(())
     wall = 0.0
     try:
@@ -215,6 +237,7 @@ def run_shape(shape: str, seeds: Sequence[int], log_dir: Path) -> dict[str, Any]
                     if pred.closed_at is not None:
                         cleanup.append(round((pred.closed_at - succ.submitted_at) * 1e3, 3))
                     adopted += succ.adopted_blocks
+                    pages += len(succ.adopted_pages)
                     reusable += identity.expected_adopted_blocks(p.pred, p.succ, facade.block_size)
                     tokens += len(pred.output_token_ids) + len(succ.output_token_ids)
             finally:
@@ -231,6 +254,7 @@ def run_shape(shape: str, seeds: Sequence[int], log_dir: Path) -> dict[str, Any]
         checker_admitted=admitted,
         supersede_to_last_receipt_ms=_summary(cleanup),
         adopted_blocks=adopted,
+        adopted_pages=pages,
         reusable_blocks=reusable,
         tokens_generated=tokens,
         steps=steps,
@@ -248,6 +272,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
     ("p50", "cleanup p50 ms", lambda r: str(r["supersede_to_last_receipt_ms"]["p50"])),
     ("max", "cleanup max ms", lambda r: str(r["supersede_to_last_receipt_ms"]["max"])),
     ("reuse", "reuse", lambda r: f"{r['adopted_blocks']}/{r['reusable_blocks']}"),
+    ("pages", "pages adopted", lambda r: str(r["adopted_pages"])),
     ("tps", "tok/s", lambda r: str(r["tokens_per_s"])),
     ("drafts", "draft writes", lambda r: str(r["draft_window"]["draft_writes"])),
     ("tent", "tentative", lambda r: str(r["draft_window"]["tentative_completions"])),

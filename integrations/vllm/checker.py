@@ -27,13 +27,16 @@ would cross).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from . import identity
+from retire_core.handoff import required_slots
+
+from . import identity, observe
 from . import introspect as ix
+from .errors import IntegrationError
 
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -47,7 +50,9 @@ class Reference:
     prompt: tuple[int, ...]
     max_tokens: int
     token_ids: tuple[int, ...]
-    block_digests: tuple[str, ...]  # KV digests of the prompt's full blocks, in order
+    # KV digests of the prompt's full blocks by (KV cache group, position); a sliding-window
+    # group's blocks are read as each step computes them (its window then moves past them)
+    block_digests: Mapping[tuple[int, int], str]
     num_cached_tokens: int
 
 
@@ -166,25 +171,33 @@ class Checker:
             )
             ids[rid] = (prompt, max_tokens)
         by_external = {rid.rsplit("-", 1)[0]: rid for rid in ids}
-        digests: dict[str, tuple[str, ...]] = {}
+        digests: dict[str, dict[tuple[int, int], str]] = {rid: {} for rid in ids}
         finals: dict[str, Any] = {}
         sched = ix.scheduler(engine)
         kvm = ix.kv_cache_manager(engine)
+        null = ix.null_block_id(kvm)
         executor: Any = ix.engine_core(engine).model_executor
         bs = int(sched.block_size)
         for _ in range(100_000):
             if not engine.has_unfinished_requests():
                 break
             outputs = engine.step()
-            # A prompt's full blocks never change once computed: digest them then.
+            # A prompt's full blocks never change once computed: digest each group's as the step
+            # that filled them returns (a sliding window drops them at the next schedule).
+            unread: dict[tuple[str, int, int], int] = {}
             for rid, (prompt, _) in ids.items():
                 request = sched.requests.get(rid)
-                full = len(prompt) // bs
-                if rid in digests or request is None or request.num_computed_tokens < full * bs:
+                if request is None:
                     continue
-                block_ids = list(kvm.get_block_ids(rid)[0])[:full]
-                got = _digests(executor, block_ids)
-                digests[rid] = tuple(got[b] for b in block_ids)
+                full = min(len(prompt) // bs, int(request.num_computed_tokens) // bs)
+                for g, table in enumerate(ix.manager_block_tables(kvm, rid)):
+                    for i in range(min(full, len(table))):
+                        if table[i] != null and (g, i) not in digests[rid]:
+                            unread[(rid, g, i)] = table[i]
+            if unread:
+                got = _digests(executor, list(unread.values()))
+                for (rid, g, i), block in unread.items():
+                    digests[rid][(g, i)] = got[block]
             for out in outputs:
                 if out.finished:
                     finals[by_external.get(out.request_id, out.request_id)] = out
@@ -194,7 +207,7 @@ class Checker:
                 prompt,
                 max_tokens,
                 tuple(int(t) for t in out.outputs[0].token_ids),
-                digests.get(rid, ()),
+                digests[rid],
                 int(out.num_cached_tokens or 0),
             )
 
@@ -207,7 +220,7 @@ class Checker:
         for rid, (prompt, max_tokens) in rids.items():
             ext = facade.external.pop(rid)
             self._cache[(prompt, max_tokens)] = Reference(
-                prompt, max_tokens, tuple(ext.token_ids), (), int(ext.num_cached_tokens or 0)
+                prompt, max_tokens, tuple(ext.token_ids), {}, int(ext.num_cached_tokens or 0)
             )
 
     # ---- verdicts -----------------------------------------------------------------------------
@@ -270,29 +283,48 @@ class Checker:
         problems: list[str] = []
         bs = facade.block_size
         adopted = list(rec.adopted_pages)
-        if len(adopted) != rec.adopted_blocks:
-            problems.append(f"{len(adopted)} pages handed over for {rec.adopted_blocks} blocks")
-        if rec.hit_block_ids is not None and tuple(rec.hit_block_ids) != tuple(adopted):
-            problems.append(f"prefix hit {rec.hit_block_ids} != adopted pages {tuple(adopted)}")
-        if rec.num_cached_tokens is not None and rec.num_cached_tokens != len(adopted) * bs:
+        cut = rec.adopted_blocks
+        windows = rec.contract.kv_windows
+        slots = required_slots(windows, cut)
+        if len(adopted) != len(slots):
             problems.append(
-                f"vLLM reports {rec.num_cached_tokens} cached tokens for {len(adopted)} adopted "
-                "blocks"
+                f"{len(adopted)} pages handed over for {cut} blocks ({len(slots)} slots over "
+                f"{len(windows)} KV cache group(s))"
             )
-        certified = {page: (pos, gen, digest) for page, pos, gen, digest in rec.certificate}
+        if rec.num_cached_tokens is not None and rec.num_cached_tokens != cut * bs:
+            problems.append(
+                f"vLLM reports {rec.num_cached_tokens} cached tokens for {cut} adopted blocks"
+            )
+        certified = {
+            e[0]: e for e in rec.certificate
+        }  # page -> (page, position, gen, digest, group)
+        never = [p for p in adopted if p not in certified]
+        problems += [f"adopted page {p} was never certified" for p in never]
+        if not never and rec.hit_block_ids is not None:
+            # vLLM's prefix hit in every group: the adopted pages at their certified slots
+            try:
+                expected = observe.adoption_tables(
+                    adopted,
+                    {p: (certified[p][4], certified[p][1]) for p in adopted},
+                    windows,
+                    cut,
+                    facade.null_block,
+                )
+            except IntegrationError as err:
+                problems.append(f"adopted pages do not fill the cut's slots: {err}")
+            else:
+                if tuple(rec.hit_block_ids) != expected:
+                    problems.append(f"prefix hit {rec.hit_block_ids} != adopted pages {expected}")
         core_pages = facade.retire.state.pages
         live = [p for p in adopted if facade.owner_of(p) == (rec.scope, rec.version)]
         now = _digests(facade.executor, live)
         kv_ok: bool | None = None
         if ref.block_digests and live:
             kv_ok = True
-        for i, page in enumerate(adopted):
+        for page in adopted:
             if page not in certified:
-                problems.append(f"adopted page {page} was never certified")
                 continue
-            pos, gen, digest = certified[page]
-            if pos != i:
-                problems.append(f"adopted page {page} certified at position {pos}, used at {i}")
+            _, pos, gen, digest, group = certified[page]
             if rec.adoption_report.get(page) != digest:
                 problems.append(f"page {page} was adopted with a reported digest != certified")
             if page not in live:
@@ -302,10 +334,12 @@ class Checker:
                 problems.append(f"page {page} changed generation since certification")
             if now[page] != digest:
                 problems.append(f"page {page}: bytes now != certified digest (content changed)")
-            if i < len(ref.block_digests) and now[page] != ref.block_digests[i]:
+            reference = ref.block_digests.get((group, pos))
+            if reference is not None and now[page] != reference:
                 kv_ok = False
                 problems.append(
-                    f"page {page}: KV bytes differ from the clean reference's block {i}"
+                    f"page {page}: KV bytes differ from the clean reference's block {pos} of "
+                    f"KV cache group {group}"
                 )
         return problems, kv_ok
 
@@ -480,6 +514,7 @@ class TenantAudit:
     def observe(self, facade: RetireEngine, scheduler: Any, scheduler_output: Any) -> None:
         self.steps += 1
         kvm = scheduler.kv_cache_manager
+        null = ix.null_block_id(kvm)
         requests = scheduler.requests
         bs = facade.block_size
         gen = facade.page_generation
@@ -488,25 +523,25 @@ class TenantAudit:
         # Every write of the step first (a prefix hit may be on a block filled in this step).
         for rid, n in scheduler_output.num_scheduled_tokens.items():
             tenant, who = self.tenant_of(facade, rid)
-            ids = ix.manager_block_ids(kvm, rid)
             end = int(requests[rid].num_computed_tokens)
             first = (end - int(n)) // bs
-            for idx in range(first, min(len(ids), (end - 1) // bs + 1)):
-                block, g = ids[idx], gen(ids[idx])
-                before = writer.get(block)
-                if before is not None and before[0] == g and before[1] != tenant:
-                    self.crossings.append(
-                        f"step {self.steps}: {who} (tenant {tenant}) writes block {block}, "
-                        f"written by {before[2]} of tenant {before[1]}"
-                    )
-                writer[block] = (g, tenant, who)
-                self.pages_written += 1
-            reads.append((rid, tenant, who, ids[:first]))
+            for ids in ix.manager_block_tables(kvm, rid):  # every KV cache group
+                for idx in range(first, min(len(ids), (end - 1) // bs + 1)):
+                    block, g = ids[idx], gen(ids[idx])
+                    before = writer.get(block)
+                    if before is not None and before[0] == g and before[1] != tenant:
+                        self.crossings.append(
+                            f"step {self.steps}: {who} (tenant {tenant}) writes block {block}, "
+                            f"written by {before[2]} of tenant {before[1]}"
+                        )
+                    writer[block] = (g, tenant, who)
+                    self.pages_written += 1
+                reads.append((rid, tenant, who, ids[:first]))
         for rid, tenant, who, blocks in reads:
             for block in blocks:
                 g = gen(block)
                 key = (rid, block, g)
-                if block == 0 or key in self._judged:  # (block 0: vLLM's null block)
+                if block == null or key in self._judged:
                     continue
                 self._judged.add(key)
                 by = writer.get(block)

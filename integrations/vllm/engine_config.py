@@ -85,6 +85,9 @@ def engine_kwargs(
         "num_gpu_blocks_override": num_blocks,
         "enforce_eager": True,
         "enable_prefix_caching": enable_prefix_caching,
+        # A sliding-window group hashes every full block, not only the tails vLLM expects to be
+        # hit: Retire may certify a cut at any block (``observe.kv_windows`` requires it).
+        "prefix_cache_retention_interval": None,
         "seed": seed,
         "max_model_len": max_model_len,
         "max_num_seqs": max_num_seqs,

@@ -58,8 +58,12 @@ class CommandExecutor:
         reqs: dict[str, Any],
         by_participant: dict[str, str],
         model_executor: Any,
+        kv_windows: tuple[int, ...],
+        null_block: int,
     ) -> None:
         self.ledger = ledger
+        self.kv_windows = kv_windows  # the engine's KV cache groups (``observe.kv_windows``)
+        self.null_block = null_block
         self.reqs = reqs
         self.by_participant = by_participant
         self.model_executor = model_executor
@@ -85,13 +89,14 @@ class CommandExecutor:
         """End ``req`` in vLLM (it runs no further step)."""
         raise NotImplementedError
 
-    def start(self, cmd: Admit, salt: str, adopted: tuple[int, ...]) -> None:
+    def start(self, cmd: Admit, salt: str, adopted: tuple[tuple[int, ...], ...]) -> None:
         """Let the admitted version's request run under ``salt`` with ``adopted`` as its
-        prefix."""
+        prefix (one block table per KV cache group: ``observe.adoption_tables``)."""
         raise NotImplementedError
 
     def adopted_pages(self, cmd: Admit) -> tuple[int, ...]:
-        """The blocks ``Adopt`` handed to the admitted version, in position order."""
+        """The blocks ``Adopt`` handed to the admitted version, in position order (every
+        group's)."""
         refs = self.ledger.refs
         mine = (p for p, r in refs.items() if r.scope == cmd.scope and r.version == cmd.version)
         return tuple(sorted(mine, key=lambda p: refs[p].position))
@@ -188,7 +193,8 @@ class CommandExecutor:
         todo = [p for p in participants if p not in req.closed]
         ranks = [p for p in todo if p != req.rid]
         if ranks:
-            answers = observe.rank_receipts(self.model_executor, req.rid, ranks, req.block_ids)
+            blocks = sorted(observe.table_pages(req.block_ids, self.null_block))
+            answers = observe.rank_receipts(self.model_executor, req.rid, ranks, blocks)
             self.on_rank_receipts(req, answers)
         for participant in [*ranks, *(p for p in todo if p == req.rid)]:
             req.closed.add(participant)
@@ -280,21 +286,20 @@ class CommandExecutor:
     # ---- admission -------------------------------------------------------------------------------
 
     def _admit(self, cmd: Admit) -> None:
-        adopted = self.adopted_pages(cmd)[: cmd.adopted_blocks]
-        if len(adopted) != cmd.adopted_blocks:
-            raise IntegrationError(
-                f"Admit {cmd.scope}@{cmd.version} with {cmd.adopted_blocks} adopted blocks, "
-                f"but only {len(adopted)} were handed over"
-            )
-        if adopted:
-            refs = self.ledger.refs
-            salts = {refs[p].salt for p in adopted}
+        pages = self.adopted_pages(cmd)
+        refs = self.ledger.refs
+        slots = {p: (refs[p].group, refs[p].position) for p in pages}
+        tables = observe.adoption_tables(
+            pages, slots, self.kv_windows, cmd.adopted_blocks, self.null_block
+        )
+        if pages:
+            salts = {refs[p].salt for p in pages}
             if len(salts) != 1:
                 raise IntegrationError(f"adopted pages of {cmd.scope} mix cache salts {salts}")
             salt = salts.pop()
         else:
             salt = self.cold_salt(cmd.scope)
-        self.start(cmd, salt, adopted)
+        self.start(cmd, salt, tables)
 
 
 #: What ``run`` does with each command, by its type (one dict lookup, no ``isinstance`` chain);

@@ -59,6 +59,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from retire_core import (
     DEFAULT_CONTRACT,
     AllowWrite,
@@ -146,7 +148,6 @@ class RetireEngine:
         self.kvm: Any = ix.kv_cache_manager(engine)
         self.pool: Any = ix.block_pool(engine)
         self.executor: Any = ix.engine_core(engine).model_executor
-        observe.check_one_kv_cache_group(self.kvm)
         # Every rank's KV cache must be readable block by block (digests, receipts), or the
         # first writer closure would fail mid-run: say so now, before attaching.
         problems = self.executor.collective_rpc(
@@ -161,6 +162,9 @@ class RetireEngine:
         self.block_size: int = int(vcfg.cache_config.block_size)
         if self.block_size != BLOCK_SIZE:
             raise IntegrationError(f"block size {self.block_size}, expected {BLOCK_SIZE}")
+        # One window per KV cache group (refuses groups Retire cannot certify, before attaching).
+        self.kv_windows = observe.kv_windows(self.kvm, self.block_size)
+        self.null_block = ix.null_block_id(self.kvm)
         self.tp: int = int(vcfg.parallel_config.tensor_parallel_size)
         self.max_model_len: int = int(vcfg.model_config.max_model_len)
         self.model_id = Path(str(vcfg.model_config.model)).name
@@ -222,7 +226,7 @@ class RetireEngine:
         physical cache salt of its cold versions, so that scopes of several tenants can share
         one engine without sharing a page."""
         tenant = self.tenant if tenant is None else tenant
-        tokens, context = self._prepare(scope, prompt, contract, max_tokens, tenant)
+        contract, tokens, context = self._prepare(scope, prompt, contract, max_tokens, tenant)
         record = VersionRecord(scope, 0, tokens, max_tokens, contract, context, self.clock())
 
         def accept() -> None:
@@ -242,7 +246,7 @@ class RetireEngine:
     ) -> int:
         log = self.records.get(scope)
         tenant = self.tenant if log is None else log.tenant  # (unknown: the core refuses it)
-        tokens, context = self._prepare(scope, prompt, contract, max_tokens, tenant)
+        contract, tokens, context = self._prepare(scope, prompt, contract, max_tokens, tenant)
 
         def accept() -> None:
             version = self.retire.current_version(scope)
@@ -549,8 +553,8 @@ class RetireEngine:
             self._check_prefix_hit(req, ids, start)
         if events:
             commands = self.retire.handle_batch(events)  # raises (and changes nothing) if bad
-            for req, bid, idx in allocations:
-                self._retain(req, bid, idx)
+            for req, bid, idx, group in allocations:
+                self._retain(req, bid, idx, group)
             self.commands.run(commands)
             allowed = {(c.page, c.participant) for c in commands if isinstance(c, AllowWrite)}
             completed = self._completed
@@ -675,10 +679,10 @@ class RetireEngine:
 
     # ---- pages ---------------------------------------------------------------------------------
 
-    def _retain(self, req: FacadeRequest, bid: int, position: int) -> None:
+    def _retain(self, req: FacadeRequest, bid: int, position: int, group: int) -> None:
         """The facade's side of an allocation the core accepted: the retention reference (the
         core's "held")."""
-        self.ledger.retain(bid, req.scope, req.version, req.rid, position, req.salt)
+        self.ledger.retain(bid, req.scope, req.version, req.rid, position, req.salt, group)
         req.pages.append(bid)
         req.record.pages.append(bid)
 
@@ -714,9 +718,10 @@ class RetireEngine:
 
     # ---- admission -----------------------------------------------------------------------------
 
-    def _check_prefix_hit(self, req: FacadeRequest, ids: list[int], start: int) -> None:
-        req.record.hit_block_ids = tuple(ids[: start // self.block_size])
-        observe.check_prefix_hit(req.rid, ids, start, req.adopted, self.block_size)
+    def _check_prefix_hit(self, req: FacadeRequest, tables: list[list[int]], start: int) -> None:
+        n = start // self.block_size
+        req.record.hit_block_ids = tuple(tuple(ids[:n]) for ids in tables)
+        observe.check_prefix_hit(req.rid, tables, start, req.adopted, self.block_size)
         self.commands.release_handoff_pins(req)  # the successor's own references hold them now
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -733,11 +738,12 @@ class RetireEngine:
 
     def _prepare(
         self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int, tenant: str
-    ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """Check a request (raises before anything changes) and derive its block context."""
-        self._check_contract(contract)
+    ) -> tuple[Contract, tuple[int, ...], tuple[str, ...]]:
+        """Check a request (raises before anything changes): the contract it runs under on this
+        engine, its tokens and its block context."""
+        contract = self._engine_contract(contract)
         tokens = self._check_prompt(prompt, max_tokens)
-        return tokens, self._context(scope, tokens, contract, tenant)
+        return contract, tokens, self._context(scope, tokens, contract, tenant)
 
     def _context(
         self, scope: str, tokens: tuple[int, ...], contract: Contract, tenant: str
@@ -764,7 +770,14 @@ class RetireEngine:
             )
         return tokens
 
-    def _check_contract(self, contract: Contract) -> None:
+    def _engine_contract(self, contract: Contract) -> Contract:
+        """``contract`` on this engine: its ``kv_windows`` are the engine's KV cache groups (a
+        fact of the model, not a choice: the default is replaced, other windows refused)."""
+        if contract.kv_windows not in (DEFAULT_CONTRACT.kv_windows, self.kv_windows):
+            raise ValueError(
+                f"this engine's KV cache groups have windows {self.kv_windows} (blocks, 0: full "
+                f"attention), not {contract.kv_windows}"
+            )
         if contract.numerical_mode != ENGINE_NUMERICAL_MODE:
             raise ValueError(
                 f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {contract.numerical_mode!r}"
@@ -773,6 +786,7 @@ class RetireEngine:
             raise ValueError(
                 f"only exact output equivalence is supported, not {contract.equivalence!r}"
             )
+        return attrs.evolve(contract, kv_windows=self.kv_windows)
 
 
 def _fates(commands: Iterable[Command]) -> dict[int, str]:

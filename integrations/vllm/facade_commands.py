@@ -41,7 +41,14 @@ class FacadeCommands(CommandExecutor):
     """Carries out the commands of one ``RetireEngine``'s core, in the order they came."""
 
     def __init__(self, facade: RetireEngine) -> None:
-        super().__init__(facade.ledger, facade.reqs, facade.participant_rid, facade.executor)
+        super().__init__(
+            facade.ledger,
+            facade.reqs,
+            facade.participant_rid,
+            facade.executor,
+            facade.kv_windows,
+            facade.null_block,
+        )
         self.facade = facade
 
     def run(self, commands: Iterable[Command]) -> None:
@@ -81,7 +88,7 @@ class FacadeCommands(CommandExecutor):
         tenant = self.facade.records[scope].tenant
         return f"retire:{self.facade.uid}:{tenant}:{scope}:{next(self._salts)}"
 
-    def start(self, cmd: Admit, salt: str, adopted: tuple[int, ...]) -> None:
+    def start(self, cmd: Admit, salt: str, adopted: tuple[tuple[int, ...], ...]) -> None:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         f = self.facade
@@ -101,7 +108,8 @@ class FacadeCommands(CommandExecutor):
         ranks = tuple(f"{rid}/rank{r}" for r in range(f.tp)) if f.tp > 1 else ()
         participants = (rid, *ranks)
         req = FacadeRequest(rid, cmd.scope, cmd.version, participants, salt, rec, adopted=adopted)
-        req.handoff_pins = list(adopted)  # the certificate pins, now handoff pins
+        # the certificate pins, now handoff pins
+        req.handoff_pins = sorted(observe.table_pages(adopted, self.null_block))
         f.reqs[rid] = req
         for participant in participants:
             f.participant_rid[participant] = rid
@@ -111,7 +119,7 @@ class FacadeCommands(CommandExecutor):
         # Only the adopted blocks may be the new request's prefix hit.
         request = f.scheduler.requests[rid]
         f.stats.uncertified_hashes_evicted += observe.restrict_prefix_hit(
-            f.pool, request, req.adopted
+            f.pool, request, req.adopted, self.null_block
         )
         for participant in participants:
             f.emit(ParticipantStarted(cmd.scope, cmd.version, participant))
@@ -153,7 +161,7 @@ class FacadeCommands(CommandExecutor):
         f = self.facade
         rec = f.records[certificate.scope].version(certificate.version)
         rec.certificate = tuple(
-            (e.page, e.position, e.generation, e.digest) for e in certificate.entries
+            (e.page, e.position, e.generation, e.digest, e.group) for e in certificate.entries
         )
         f.stats.pins += len(certificate.entries)
 

@@ -33,10 +33,12 @@ class VersionRecord:
     cold: bool | None = None
     adopted_blocks: int = 0
     adopted_pages: tuple[int, ...] = ()
-    certificate: tuple[tuple[int, int, int, str], ...] = ()  # (page, position, generation, digest)
+    # (page, position, generation, digest, KV cache group) of each certified page
+    certificate: tuple[tuple[int, int, int, str, int], ...] = ()
     adoption_report: dict[int, str] = attrs.field(factory=dict)  # page -> digest read
     released: list[tuple[int, str]] = attrs.field(factory=list)  # (page, reason)
-    hit_block_ids: tuple[int, ...] | None = None  # vLLM's prefix hit at first schedule
+    # vLLM's prefix hit at first schedule, one block table per KV cache group
+    hit_block_ids: tuple[tuple[int, ...], ...] | None = None
     num_cached_tokens: int | None = None  # as reported by vLLM's RequestOutput
     output_token_ids: list[int] = attrs.field(factory=list)  # everything vLLM generated
     delivered_token_ids: list[int] = attrs.field(factory=list)  # what the consumer got
@@ -114,8 +116,8 @@ class FacadeRequest:
     participants: tuple[str, ...]
     salt: str
     record: VersionRecord  # records[scope].version(version): a scope's log is never replaced
-    adopted: tuple[int, ...] = ()
-    block_ids: list[int] = attrs.field(factory=list)
+    adopted: tuple[tuple[int, ...], ...] = ()  # one block table per KV cache group
+    block_ids: list[list[int]] = attrs.field(factory=list)  # one table per KV cache group
     pages: list[int] = attrs.field(factory=list)
     handoff_pins: list[int] = attrs.field(factory=list)
     scheduled: bool = False

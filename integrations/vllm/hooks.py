@@ -62,6 +62,7 @@ _KVM = "vllm.v1.core.kv_cache_manager"
 _COORD = "vllm.v1.core.kv_cache_coordinator"
 _POOL = "vllm.v1.core.block_pool"
 _UTIL = "vllm.v1.core.kv_cache_utils"
+_SPEC = "vllm.v1.kv_cache_interface"
 _OUT = "vllm.v1.engine.output_processor"
 _ASYNC = "vllm.v1.engine.async_llm"
 _MP = "vllm.v1.executor.multiproc_executor"
@@ -223,6 +224,23 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(_KVM, "KVCacheManager.evict_blocks", _C, ("block_ids",), "(b) repair"),
     Hook(_KVM, "KVCacheManager.reset_prefix_cache", _C, (), "(c) leak check"),
     Hook(_COORD, "KVCacheCoordinator.get_blocks", _C, ("request_id",), "(a)"),
+    Hook(_COORD, "KVCacheCoordinator.single_type_managers", _I, use="(a) one per KV cache group"),
+    Hook(
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SingleTypeKVCacheManager.req_to_blocks",
+        _I,
+        use="(a) a request's block table in one group",
+    ),
+    # --- KV cache groups: which blocks before a cut a successor reads (contract kv_windows) ---
+    Hook(_SPEC, "KVCacheConfig.kv_cache_groups", _F, use="groups"),
+    Hook(_SPEC, "KVCacheConfig.prefix_cache_retention_interval", _F, use="groups: dense"),
+    Hook("vllm.config.cache", "CacheConfig.prefix_cache_retention_interval", _F, use="groups"),
+    Hook(_SPEC, "KVCacheGroupSpec.kv_cache_spec", _F, use="groups"),
+    Hook(_SPEC, "KVCacheSpec.block_size", _F, use="groups: one block size"),
+    Hook(_SPEC, "FullAttentionSpec", _M, use="groups: window 0"),
+    Hook(_SPEC, "MLAAttentionSpec", _M, use="groups: window 0"),
+    Hook(_SPEC, "SlidingWindowSpec.sliding_window", _F, use="groups: ceil((W-1)/block) blocks"),
+    Hook(_SPEC, "SlidingWindowSpec.extra_retained_tokens", _F, use="groups: refused unless 0"),
     Hook(
         _COORD,
         "KVCacheCoordinator.find_longest_cache_hit",
@@ -233,7 +251,7 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(_POOL, "BlockPool.blocks", _I, use="(a) block id -> KVCacheBlock"),
     Hook(_POOL, "BlockPool.free_block_queue", _I, use="(a, d) LRU"),
     Hook(_POOL, "BlockPool.cached_block_hash_to_block", _I, use="(a)"),
-    Hook(_POOL, "BlockPool.null_block", _I, use="(a) id 0"),
+    Hook(_POOL, "BlockPool.null_block", _I, use="(a) a sliding window's passed positions"),
     Hook(_POOL, "BlockPool.get_cached_block", _C, ("block_hash", "kv_cache_group_ids"), "(c)"),
     Hook(_POOL, "BlockPool.touch", _C, ("blocks",), "(c) pin"),
     Hook(_POOL, "BlockPool.free_blocks", _C, ("ordered_blocks",), "(c) unpin"),

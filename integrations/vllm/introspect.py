@@ -120,15 +120,27 @@ def request_block_ids(engine: LLMEngine, request_id: str, group: int = 0) -> lis
     return list(kv_cache_manager(engine).get_block_ids(request_id)[group])
 
 
-def manager_block_ids(kvm: Any, request_id: str) -> list[int]:
-    """``kvm.get_block_ids(request_id)[0]`` (KV cache group 0), read straight from the group's
-    per-request block list instead of through a ``KVCacheBlocks`` built for every group (the
-    facade asks this for every scheduled request in every step)."""
+def manager_block_tables(kvm: Any, request_id: str) -> list[list[int]]:
+    """The request's block table in every KV cache group (``kvm.get_block_ids(request_id)``),
+    read straight from each group's per-request block list instead of through a
+    ``KVCacheBlocks`` (the facade asks this for every scheduled request in every step). A
+    sliding-window group holds the null block (:func:`null_block_id`) where its window has
+    passed."""
     try:
-        blocks = kvm.coordinator.single_type_managers[0].req_to_blocks.get(request_id)
+        managers = kvm.coordinator.single_type_managers
     except AttributeError:  # another vLLM layout: the public way
-        return list(kvm.get_block_ids(request_id)[0])
-    return [b.block_id for b in blocks] if blocks else []
+        return [list(ids) for ids in kvm.get_block_ids(request_id)]
+    tables = []
+    for manager in managers:
+        blocks = manager.req_to_blocks.get(request_id)
+        tables.append([b.block_id for b in blocks] if blocks else [])
+    return tables
+
+
+def null_block_id(kvm: Any) -> int:
+    """The id of vLLM's null block: the placeholder a sliding-window group keeps for positions
+    its window has passed (it holds no KV of any request and is never a page)."""
+    return int(kvm.block_pool.null_block.block_id)
 
 
 def request_block_hashes(engine: LLMEngine, request_id: str) -> list[bytes]:

@@ -1,12 +1,14 @@
 """The observation glue both engines share: the in-process facade and the serving engine side.
 
 What a scheduled step allocates and writes (``schedule_events``: the ``PageAllocated`` and
-``WriteAttempted`` events of a step, in the order one by one would send them), what the step's
-verification made of the speculative drafts it wrote (``verify_drafts``), the prefix-hit
-checks of an admitted version (``restrict_prefix_hit`` before it can be scheduled,
-``check_prefix_hit`` at its first schedule), the KV digests of blocks on every rank
-(``read_digests``) and the rank receipts of a closing request (``rank_receipts``). Each reads vLLM
-and builds events or raises ``IntegrationError``; none calls the core or decides protocol.
+``WriteAttempted`` events of a step, in every KV cache group, in the order one by one would send
+them), what the step's verification made of the speculative drafts it wrote
+(``verify_drafts``), the engine's KV cache groups as the contract's ``kv_windows``, an
+admitted version's block tables (``adoption_tables``) and its prefix-hit checks
+(``restrict_prefix_hit`` before it can be scheduled, ``check_prefix_hit`` at its first
+schedule), the KV digests of blocks on every rank (``read_digests``) and the rank receipts of a
+closing request (``rank_receipts``). Each reads vLLM and builds events or raises
+``IntegrationError``; none calls the core or decides protocol.
 
 Every call to the workers (``collective``) is bounded: vLLM's ``MultiprocExecutor`` waits for a
 rank's answer without a deadline unless given one. A rank that died surfaces at once -- vLLM's
@@ -24,6 +26,7 @@ from typing import Any, Protocol
 import attrs
 
 from retire_core import DraftsVerified, Event, PageAllocated, WriteAttempted
+from retire_core.handoff import required_slots
 
 from . import introspect as ix
 from .errors import EngineDeadError, IntegrationError
@@ -40,8 +43,8 @@ class Managed(Protocol):
     rid: str
     scope: str
     version: int
-    adopted: tuple[int, ...]
-    block_ids: list[int]
+    adopted: tuple[tuple[int, ...], ...]  # one block table per KV cache group
+    block_ids: list[list[int]]  # one block table per KV cache group
     pages: list[int]
     scheduled: bool
 
@@ -70,31 +73,34 @@ def schedule_events(
     block_size: int,
 ) -> tuple[
     list[Event],
-    list[tuple[Any, int, int]],
+    list[tuple[Any, int, int, int]],
     list[tuple[Any, int, int, bool]],
-    list[Any],
+    list[tuple[Any, list[list[int]], int]],
     list[DraftWrite],
 ]:
-    """The step's events, its allocations ``(request, block, index)``, its writes ``(request,
-    block, index, the write fills the block with verified tokens)``, the requests scheduled for
-    the first time (whose prefix hit the caller checks) and the blocks it writes drafts into
-    (complete only if ``verify_drafts`` says so after the commit). Updates each request's
-    ``block_ids`` and ``scheduled``. Raises if vLLM hands a request a block that is still
-    retained for another."""
+    """The step's events, its allocations ``(request, block, index, group)``, its writes
+    ``(request, block, index, the write fills the block with verified tokens)``, the requests
+    scheduled for the first time with their block tables (whose prefix hit the caller checks) and
+    the blocks it writes drafts into (complete only if ``verify_drafts`` says so after the
+    commit). Every KV cache group is read: a position's block in each group is a page of that
+    group, and the null block a sliding-window group puts where its window has passed is no page.
+    Updates each request's ``block_ids`` (one table per group) and ``scheduled``. Raises if vLLM
+    hands a request a block that is still retained for another."""
     events: list[Event] = []
-    allocations: list[tuple[Any, int, int]] = []
+    allocations: list[tuple[Any, int, int, int]] = []
     writes: list[tuple[Any, int, int, bool]] = []
-    first_time: list[tuple[Any, list[int], int]] = []
+    first_time: list[tuple[Any, list[list[int]], int]] = []
     drafts: list[DraftWrite] = []
     claimed: dict[int, str] = {}  # block id -> request, for this step's allocations
     kvm = scheduler.kv_cache_manager
+    null = ix.null_block_id(kvm)
     requests = scheduler.requests
     spec_tokens: Mapping[str, Sequence[int]] = scheduler_output.scheduled_spec_decode_tokens
     for rid, n in scheduler_output.num_scheduled_tokens.items():
         req = reqs.get(rid)
         if req is None:
             continue
-        ids = ix.manager_block_ids(kvm, rid)
+        tables = ix.manager_block_tables(kvm, rid)
         request = requests[rid]
         end = int(request.num_computed_tokens)
         start = end - int(n)
@@ -102,15 +108,20 @@ def schedule_events(
         verified_end = end - len(spec_tokens.get(rid, ()))
         if not req.scheduled:
             req.scheduled = True
-            first_time.append((req, ids, start))
-        # Blocks already seen in the request's previous block table were reported then.
-        prev = req.block_ids
-        first = len(prev) if ids[: len(prev)] == prev else 0
-        if first < len(ids):
-            known = set(req.pages) | set(req.adopted)
+            first_time.append((req, tables, start))
+        prev_tables = req.block_ids
+        known: set[int] | None = None
+        for group, ids in enumerate(tables):
+            # Blocks already seen in the group's previous block table were reported then.
+            prev = prev_tables[group] if group < len(prev_tables) else []
+            first = len(prev) if ids[: len(prev)] == prev else 0
+            if first == len(ids):
+                continue
+            if known is None:
+                known = set(req.pages) | table_pages(req.adopted, null)
             for idx in range(first, len(ids)):
                 bid = ids[idx]
-                if bid in known:
+                if bid in known or bid == null:
                     continue
                 if bid in retained or bid in claimed:
                     owner = retained[bid].request if bid in retained else claimed[bid]
@@ -118,17 +129,24 @@ def schedule_events(
                         f"block {bid} handed to {rid} while it is still retained for {owner}"
                     )
                 claimed[bid] = rid
-                events.append(PageAllocated(req.scope, req.version, rid, bid, idx))
-                allocations.append((req, bid, idx))
-        req.block_ids = ids
+                events.append(PageAllocated(req.scope, req.version, rid, bid, idx, group))
+                allocations.append((req, bid, idx, group))
+        req.block_ids = tables
         for idx in range(start // block_size, (end - 1) // block_size + 1):
             completes = end >= (idx + 1) * block_size
             draft = verified_end < end and (idx + 1) * block_size > verified_end
-            events.append(WriteAttempted(req.scope, req.version, rid, ids[idx], completes, draft))
-            writes.append((req, ids[idx], idx, completes and not draft))
-            if draft:
-                drafts.append(DraftWrite(rid, request, ids[idx], idx))
+            for ids in tables:
+                bid = ids[idx]
+                events.append(WriteAttempted(req.scope, req.version, rid, bid, completes, draft))
+                writes.append((req, bid, idx, completes and not draft))
+                if draft:
+                    drafts.append(DraftWrite(rid, request, bid, idx))
     return events, allocations, writes, first_time, drafts
+
+
+def table_pages(tables: Sequence[Sequence[int]], null: int) -> set[int]:
+    """The pages of a request's block tables, one per group (the null block is no page)."""
+    return {b for table in tables for b in table if b != null}
 
 
 def verify_drafts(
@@ -149,49 +167,111 @@ def verify_drafts(
     return events, completed
 
 
-def check_one_kv_cache_group(kvm: Any) -> None:
-    """Retire tracks one KV cache group: refuse, before attaching, an engine whose model mixes
-    attention types (sliding-window and full-attention layers build one group each, and a
-    sliding-window group hands requests the null block for positions outside its window)."""
-    groups = kvm.kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
-        raise IntegrationError(
-            f"this engine has {len(groups)} KV cache groups ({kinds}); Retire certifies, pins "
-            "and adopts the pages of one group only (models that mix attention types are not "
-            "supported yet)"
-        )
+def kv_windows(kvm: Any, block_size: int) -> tuple[int, ...]:
+    """The contract's ``kv_windows`` for this engine: one entry per KV cache group, in vLLM's
+    group order: 0 for a full-attention group, ``ceil((W - 1) / block_size)`` blocks for a
+    group with a sliding window of ``W`` tokens (the blocks before the cut a layer at the cut
+    still reads). Raises :class:`IntegrationError`, before anything is attached, for a group of
+    another kind (Mamba state, chunked local attention, ...) or of another block size: Retire
+    does not know which of its blocks a successor reads."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
 
-
-def restrict_prefix_hit(pool: Any, request: Any, adopted: Sequence[int]) -> int:
-    """Before an admitted version's request can be scheduled: its prefix hit must be exactly its
-    adopted blocks, mapped under its own block hashes; any other cached block on its hash chain
-    is evicted from the prefix cache. Returns how many were evicted."""
-    evicted = 0
-    for i, h in enumerate(request.block_hashes):
-        hit = pool.get_cached_block(h, [0])
-        if i < len(adopted):
-            if hit is None or hit[0].block_id != adopted[i]:
-                found = None if hit is None else hit[0].block_id
+    windows = []
+    config = kvm.kv_cache_config
+    for g, group in enumerate(config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        kind = type(spec).__name__
+        if int(spec.block_size) != block_size:
+            raise IntegrationError(
+                f"KV cache group {g} ({kind}) has blocks of {spec.block_size} tokens, the "
+                f"engine {block_size}"
+            )
+        if isinstance(spec, SlidingWindowSpec):
+            if spec.extra_retained_tokens:  # kept past the window for a re-prefill: not modelled
                 raise IntegrationError(
-                    f"adopted block {adopted[i]} of {request.request_id} is not its prefix-cache "
-                    f"entry {i} (found {found})"
+                    f"KV cache group {g} retains {spec.extra_retained_tokens} tokens past its "
+                    "sliding window (multi-module speculative decoding): not supported"
                 )
-        elif hit is not None:
-            pool.evict_blocks({hit[0].block_id})
-            evicted += 1
+            if config.prefix_cache_retention_interval is not None:
+                # vLLM then hashes only the window's tails at the boundaries it expects a hit
+                # at; a successor's cut may be at any block.
+                raise IntegrationError(
+                    f"KV cache group {g} has a sliding window and vLLM keeps its prefix-cache "
+                    "entries sparsely; Retire needs every full block cached: run the engine with "
+                    "prefix_cache_retention_interval=None (--prefix-cache-retention-interval None)"
+                )
+            windows.append(-(-(int(spec.sliding_window) - 1) // block_size))
+        elif type(spec) in (FullAttentionSpec, MLAAttentionSpec):  # (not their other kinds)
+            windows.append(0)
+        else:
+            raise IntegrationError(
+                f"KV cache group {g} is a {kind}: Retire certifies, pins and adopts the pages of "
+                "full-attention and sliding-window groups only"
+            )
+    return tuple(windows)
+
+
+def adoption_tables(
+    pages: Sequence[int],
+    slots: Mapping[int, tuple[int, int]],
+    windows: Sequence[int],
+    cut: int,
+    null: int,
+) -> tuple[tuple[int, ...], ...]:
+    """Each group's block table for the first ``cut`` blocks of an admitted version, built from
+    the pages ``Adopt`` handed over (``slots``: page -> (group, position)): a slot the cut
+    requires (``retire_core.handoff.required_slots``) holds its page, a slot a sliding-window
+    group no longer reads holds the null block, as in vLLM's own prefix hit. Raises unless the
+    pages fill exactly the required slots."""
+    by_slot = {slots[p]: p for p in pages}
+    required = required_slots(tuple(windows), cut)
+    if len(by_slot) != len(pages) or set(by_slot) != set(required):
+        raise IntegrationError(
+            f"the pages handed over fill slots {sorted(by_slot)} (group, position); a cut of "
+            f"{cut} blocks needs {required}"
+        )
+    return tuple(tuple(by_slot.get((g, i), null) for i in range(cut)) for g in range(len(windows)))
+
+
+def restrict_prefix_hit(
+    pool: Any, request: Any, adopted: Sequence[Sequence[int]], null: int
+) -> int:
+    """Before an admitted version's request can be scheduled: in every group its prefix hit must
+    be exactly its adopted blocks (``adopted``: one table per group, the null block where the
+    group reads nothing), mapped under its own block hashes; any other cached block on its hash
+    chain is evicted from the prefix cache. Returns how many were evicted."""
+    evicted = 0
+    for g, table in enumerate(adopted):
+        for i, h in enumerate(request.block_hashes):
+            hit = pool.get_cached_block(h, [g])
+            want = table[i] if i < len(table) else null
+            if want != null:
+                if hit is None or hit[0].block_id != want:
+                    found = None if hit is None else hit[0].block_id
+                    raise IntegrationError(
+                        f"adopted block {want} of {request.request_id} is not its prefix-cache "
+                        f"entry {i} in KV cache group {g} (found {found})"
+                    )
+            elif hit is not None:
+                pool.evict_blocks({hit[0].block_id})
+                evicted += 1
     return evicted
 
 
 def check_prefix_hit(
-    rid: str, ids: Sequence[int], start: int, adopted: Sequence[int], block_size: int
+    rid: str,
+    tables: Sequence[Sequence[int]],
+    start: int,
+    adopted: Sequence[Sequence[int]],
+    block_size: int,
 ) -> None:
-    """At the first schedule: vLLM's prefix hit is exactly the adopted blocks."""
-    n = len(adopted)
-    if start != n * block_size or tuple(ids[:n]) != tuple(adopted):
+    """At the first schedule: vLLM's prefix hit is exactly the adopted blocks, in every group."""
+    n = len(adopted[0]) if adopted else 0
+    hit = [tuple(ids[:n]) for ids in tables]
+    if start != n * block_size or hit != [tuple(t) for t in adopted]:
         raise IntegrationError(
-            f"{rid}: vLLM's prefix hit is {start} tokens / blocks {list(ids[: max(n, 1)])}, "
-            f"the core adopted {n} blocks {list(adopted)}"
+            f"{rid}: vLLM's prefix hit is {start} tokens / blocks {hit} (one table per KV cache "
+            f"group), the core adopted {n} blocks {[list(t) for t in adopted]}"
         )
 
 

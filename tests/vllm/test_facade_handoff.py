@@ -153,7 +153,7 @@ def test_corrupted_certified_page_is_caught_and_recomputed(engine: Any, checker:
         rec = facade.version_record("fault")
         assert rec.adopted_blocks == 2 and rec.num_cached_tokens == 64
         assert rec.released == [(e[0], "digest_mismatch") for e in cert[2:]]
-        assert rec.hit_block_ids == tuple(e[0] for e in cert[:2])
+        assert rec.hit_block_ids == (tuple(e[0] for e in cert[:2]),)  # (one KV cache group)
         verdict = checker.verify(facade, "fault")
         assert verdict.ok, verdict.problems
         print(
@@ -169,7 +169,7 @@ def test_mutant_without_digest_check_is_caught_by_the_checker(
     with attached(engine) as facade:
         _held_revision(facade, random.Random(21), "mutant")
         cert = facade.version_record("mutant").certificate
-        certified = {page: digest for page, _, _, digest in cert}
+        certified = {page: digest for page, _, _, digest, _ in cert}
         # Mutant: the byte check reports what was certified instead of reading the bytes.
         monkeypatch.setattr(
             facade, "digest_for_adoption", lambda pages: {p: certified[p] for p in pages}

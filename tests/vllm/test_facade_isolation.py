@@ -86,7 +86,7 @@ def test_retired_work_never_writes_into_others_pages(engine: Any, checker: Check
 
 def test_block_ids_read_straight_from_the_manager_match_vllm(engine: Any) -> None:
     """The facade reads a request's block ids from vLLM's per-request block list
-    (``introspect.manager_block_ids``); it must agree with ``KVCacheManager.get_block_ids``."""
+    (``introspect.manager_block_tables``); it must agree with ``KVCacheManager.get_block_ids``."""
     from retire_vllm import introspect as ix
 
     class Compare:
@@ -94,8 +94,8 @@ def test_block_ids_read_straight_from_the_manager_match_vllm(engine: Any) -> Non
 
         def before_execute(self, facade: RetireEngine, writes: Any) -> None:
             for rid in list(facade.scheduler.requests):
-                expected = list(facade.kvm.get_block_ids(rid)[0])
-                assert ix.manager_block_ids(facade.kvm, rid) == expected
+                expected = [list(ids) for ids in facade.kvm.get_block_ids(rid)]
+                assert ix.manager_block_tables(facade.kvm, rid) == expected
                 self.checked += 1
 
         def after_step(self, facade: RetireEngine) -> None:
@@ -106,7 +106,7 @@ def test_block_ids_read_straight_from_the_manager_match_vllm(engine: Any) -> Non
         facade.observers.append(compare)
         _late_step_run(facade, random.Random(7))
     assert compare.checked > 10
-    assert ix.manager_block_ids(ix.kv_cache_manager(engine), "no-such-request") == []
+    assert ix.manager_block_tables(ix.kv_cache_manager(engine), "no-such-request") == [[]]
 
 
 def test_block_digests_follow_the_kv_bytes() -> None:

@@ -37,7 +37,7 @@ def engines(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any, Checker]
     from retire_vllm.engine_config import build_engine
 
     mode = request.param
-    draft_seed = SHAPES[mode]
+    draft_seed = SHAPES[mode].draft_seed
     assert draft_seed is not None
     spec = spec_config(draft_seed)
     ref = build_engine(num_blocks=NUM_BLOCKS, speculative_config=spec)

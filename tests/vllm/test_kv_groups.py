@@ -1,35 +1,196 @@
-"""An engine whose model mixes attention types is refused before Retire attaches.
+"""Heterogeneous KV cache groups on real vLLM (issue 17, item 2).
 
-The ``hybrid`` default model (a tiny Llama: one sliding-window layer, one full-attention layer)
-makes vLLM build two KV cache groups; a sliding-window group hands a request the null block for
-positions outside its window, and its pages are not the prefix state Retire certifies. Until groups
-are a dimension of the protocol, ``RetireEngine`` must refuse such an engine with a clear
-``IntegrationError`` and leave it untouched (before this check it failed mid-run, naming block 0).
+The ``hybrid`` default model (a tiny Llama: one sliding-window layer of 64 tokens, one
+full-attention layer) makes vLLM build two KV cache groups: group 0 sliding window (with blocks of
+32 tokens it reads ``ceil(63 / 32) = 2`` blocks before a cut), group 1 full attention. A revision
+adopts a cut of ``k`` blocks: every block before it in the full-attention group, the last two in
+the sliding-window group (vLLM's prefix hit puts its null block before them). Each case is
+checked against a clean reference run on a second hybrid engine: output, the pages' certified
+slots and bytes in every group, vLLM's prefix hit in every group, receipts; the core's log is
+validated against the spec when the facade closes. Engines with a group Retire cannot certify
+are refused before attaching.
 """
 
 from __future__ import annotations
 
+import random
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
 import pytest
 
+from retire_core import DEFAULT_CONTRACT
+from retire_core.handoff import required_slots
+from retire_vllm import identity
 from retire_vllm import introspect as ix
+from retire_vllm.checker import Checker
 from retire_vllm.default_model import ensure_default_model
 from retire_vllm.errors import IntegrationError
-from tests.vllm.support import build, shutdown
+from retire_vllm.observe import kv_windows
+from tests.vllm.support import attached, build, shutdown, tokens
 
 pytestmark = pytest.mark.vllm
 
+BS = 32
+WINDOWS = (2, 0)  # group 0: a 64-token sliding window, 2 blocks; group 1: full attention
+PRED_LEN = 300  # 9 adoptable blocks
+# (common prefix, successor length): nothing shared, less than the window, exactly the window,
+# a cut well past the window, the whole predecessor prompt
+CASES = [(0, 40), (40, 80), (64, 100), (200, 240), (300, 310)]
 
-def test_two_kv_cache_groups_are_refused_before_attaching() -> None:
-    from retire_vllm.facade import RetireEngine
 
-    engine = build(
-        num_blocks=256, model=str(ensure_default_model(size="hybrid")), max_model_len=2048
+def _hybrid() -> str:
+    return str(ensure_default_model(size="hybrid"))
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Any]:
+    eng = build(num_blocks=512, model=_hybrid(), max_model_len=2048)
+    yield eng
+    shutdown(eng)
+
+
+@pytest.fixture(scope="module")
+def hybrid_checker() -> Iterator[Checker]:
+    from retire_vllm.engine_config import build_engine
+
+    ref = build_engine(num_blocks=256, model=_hybrid(), max_model_len=2048)
+    yield Checker(ref)
+    shutdown(ref)
+
+
+def _plans() -> list[tuple[str, list[int], list[int]]]:
+    rng = random.Random(17)
+    plans = []
+    for lcp, n in CASES:
+        pred = tokens(rng, PRED_LEN)
+        succ = pred[:lcp] + tokens(rng, n - lcp)
+        if lcp < len(pred):
+            succ[lcp] = (pred[lcp] % 2047) + 1  # the prefixes really diverge here
+        plans.append((f"h-l{lcp}", pred, succ))
+    return plans
+
+
+def _run_revisions(facade: Any, plans: list[tuple[str, list[int], list[int]]]) -> None:
+    for scope, pred, _ in plans:
+        facade.submit(scope, pred, DEFAULT_CONTRACT, 40)
+    revised: set[str] = set()
+    for _ in range(300):
+        for scope, _, succ in plans:
+            if scope not in revised and len(facade.version_record(scope, 0).output_token_ids) >= 6:
+                facade.supersede(scope, succ, DEFAULT_CONTRACT, 12)
+                revised.add(scope)
+        if len(revised) == len(plans) and not facade.has_unfinished():
+            return
+        facade.step()
+    raise AssertionError("the revisions did not finish")
+
+
+def test_the_engine_has_two_kv_cache_groups_and_their_windows(engine: Any) -> None:
+    kvm = ix.kv_cache_manager(engine)
+    kinds = [type(g.kv_cache_spec).__name__ for g in kvm.kv_cache_config.kv_cache_groups]
+    assert kinds == ["SlidingWindowSpec", "FullAttentionSpec"]
+    assert kv_windows(kvm, BS) == WINDOWS
+
+
+def test_revisions_adopt_each_groups_required_pages(
+    engine: Any, hybrid_checker: Checker, tmp_path: Path
+) -> None:
+    plans = _plans()
+    with attached(engine, log_path=tmp_path / "core.jsonl") as facade:  # close validates the log
+        _run_revisions(facade, plans)
+        hybrid_checker.references([(succ, 12) for *_, succ in plans])
+        null = ix.null_block_id(facade.kvm)
+        for scope, pred, succ in plans:
+            verdict = hybrid_checker.verify(facade, scope)
+            rec = facade.version_record(scope)
+            cut = identity.expected_adopted_blocks(pred, succ, BS)
+            assert verdict.ok, (scope, verdict.problems)
+            assert rec.contract.kv_windows == WINDOWS
+            assert verdict.adopted_blocks == cut == verdict.expected_adopted_blocks, scope
+            assert rec.num_cached_tokens == cut * BS, scope
+            slots = {(e[4], e[1]) for e in rec.certificate if e[0] in rec.adopted_pages}
+            assert slots == set(required_slots(WINDOWS, cut)), scope
+            # vLLM's own hit: the null block before the sliding window, every block in full
+            sliding, full = rec.hit_block_ids
+            assert list(sliding[: max(0, cut - 2)]) == [null] * max(0, cut - 2), scope
+            assert null not in sliding[max(0, cut - 2) :] and null not in full, scope
+            if cut:
+                assert verdict.kv_matches_reference is True, scope  # both groups' bytes compared
+        assert len(facade.retire.state.pages) > 0  # the last versions' pages, until close
+
+
+def test_the_checker_catches_a_page_adopted_in_the_wrong_slot(
+    engine: Any, hybrid_checker: Checker
+) -> None:
+    """The verdict must be able to fail: a certificate that names a sliding-window page's slot
+    wrongly, or a handover missing the sliding-window pages, is reported."""
+    plans = [p for p in _plans() if p[0] == "h-l200"]
+    with attached(engine) as facade:
+        _run_revisions(facade, plans)
+        (scope, _, succ) = plans[0]
+        hybrid_checker.references([(succ, 12)])
+        rec = facade.version_record(scope)
+        assert hybrid_checker.verify(facade, scope).ok
+        original = (rec.certificate, rec.adopted_pages)
+        try:
+            # a sliding-window page claimed for the full-attention group at the same position
+            rec.certificate = tuple(
+                (p, pos, gen, digest, 1 if group == 0 else group)
+                for p, pos, gen, digest, group in rec.certificate
+            )
+            problems = hybrid_checker.verify(facade, scope).page_problems
+            assert any("do not fill the cut's slots" in p for p in problems), problems
+            rec.certificate = original[0]
+            sliding = {e[0] for e in rec.certificate if e[4] == 0}
+            rec.adopted_pages = tuple(p for p in rec.adopted_pages if p not in sliding)
+            problems = hybrid_checker.verify(facade, scope).page_problems
+            assert any("pages handed over for" in p for p in problems), problems
+        finally:
+            rec.certificate, rec.adopted_pages = original
+
+
+def test_a_contract_naming_other_windows_is_refused(engine: Any) -> None:
+    with attached(engine) as facade:
+        with pytest.raises(ValueError, match="KV cache groups have windows"):
+            facade.submit("w", [1, 2, 3], attrs.evolve(DEFAULT_CONTRACT, kv_windows=(0, 0)), 4)
+        assert "w" not in facade.records and not facade.retire.state.scopes
+
+
+def _config_of(*specs: Any, retention: int | None = None) -> Any:
+    groups = [types.SimpleNamespace(kv_cache_spec=s) for s in specs]
+    config = types.SimpleNamespace(
+        kv_cache_groups=groups, prefix_cache_retention_interval=retention
     )
-    try:
-        groups = ix.kv_cache_manager(engine).kv_cache_config.kv_cache_groups
-        assert len(groups) == 2
-        with pytest.raises(IntegrationError, match="2 KV cache groups"):
-            RetireEngine(engine=engine)
-        assert ix.scheduler(engine).retire_hooks is None  # nothing attached
-    finally:
-        shutdown(engine)
+    return types.SimpleNamespace(kv_cache_config=config)
+
+
+def test_groups_retire_cannot_certify_are_refused() -> None:
+    """vLLM's own spec objects: a Mamba state group, a window that retains tokens past its edge
+    and a group of another block size have no rule for which blocks a successor reads; a sliding
+    window whose prefix-cache entries vLLM keeps sparsely (its default) cannot be hit at every
+    cut."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+
+    attention = {"num_kv_heads": 1, "head_size": 8, "dtype": torch.float32}
+    full = FullAttentionSpec(block_size=BS, **attention)
+    window = SlidingWindowSpec(block_size=BS, sliding_window=100, **attention)
+    assert kv_windows(_config_of(window, full), BS) == (4, 0)  # ceil(99 / 32)
+    mamba = MambaSpec(block_size=BS, shapes=((1,),), dtypes=(torch.float32,))
+    refused = {
+        "MambaSpec": _config_of(full, mamba),
+        "past its sliding window": _config_of(
+            SlidingWindowSpec(
+                block_size=BS, sliding_window=64, extra_retained_tokens=3, **attention
+            )
+        ),
+        "blocks of 16 tokens": _config_of(FullAttentionSpec(block_size=16, **attention)),
+        "prefix_cache_retention_interval=None": _config_of(window, full, retention=0),
+    }
+    for message, config in refused.items():
+        with pytest.raises(IntegrationError, match=message):
+            kv_windows(config, BS)

@@ -36,7 +36,14 @@ if TYPE_CHECKING:
 
 class EngineCommands(CommandExecutor):
     def __init__(self, side: EngineSide) -> None:
-        super().__init__(side.ledger, side.reqs, side.by_participant, side.executor)
+        super().__init__(
+            side.ledger,
+            side.reqs,
+            side.by_participant,
+            side.executor,
+            side.kv_windows,
+            side.null_block,
+        )
         self.side = side
 
     def decide(self, events: list[Event]) -> list[Command]:
@@ -52,7 +59,7 @@ class EngineCommands(CommandExecutor):
         tenant = info.tenant if info is not None else self.side.core.scope(scope).tenant
         return f"retire:{tenant}:{scope}:{next(self._salts)}"
 
-    def start(self, cmd: Admit, salt: str, adopted: tuple[int, ...]) -> None:
+    def start(self, cmd: Admit, salt: str, adopted: tuple[tuple[int, ...], ...]) -> None:
         side = self.side
         key = (cmd.scope, cmd.version)
         side.admissions[key] = Admission(cmd.scope, cmd.version, salt, adopted, cmd.cold)

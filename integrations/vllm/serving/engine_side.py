@@ -88,6 +88,8 @@ class EngineSide:
         self.counters: dict[str, int] = {}
         self.cleanup = Histogram()
         self.calls = ScopeCalls(self)
+        self.kv_windows: tuple[int, ...] = (0,)  # set on attach, one per KV cache group
+        self.null_block = 0
 
     # ---- attach (first utility call) ------------------------------------------------------------
 
@@ -103,7 +105,6 @@ class EngineSide:
         self.executor = engine_core.model_executor
         self.kvm = self.scheduler.kv_cache_manager
         self.pool = self.kvm.block_pool
-        observe.check_one_kv_cache_group(self.kvm)
         problems = self.executor.collective_rpc(
             ix.worker_kv_layout_problem, args=(int(self.pool.num_gpu_blocks),)
         )
@@ -113,6 +114,9 @@ class EngineSide:
                 + "; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p)
             )
         self.block_size = int(vcfg.cache_config.block_size)
+        # One window per KV cache group (refuses groups Retire cannot certify, before attaching).
+        self.kv_windows = observe.kv_windows(self.kvm, self.block_size)
+        self.null_block = ix.null_block_id(self.kvm)
         self.tp = int(vcfg.parallel_config.tensor_parallel_size)
         self.model_id = Path(str(vcfg.model_config.model)).name
         self.dtype = str(vcfg.model_config.dtype).replace("torch.", "")
@@ -176,14 +180,14 @@ class EngineSide:
             admission.salt,
             request.client_index,
             adopted=admission.adopted,
-            handoff_pins=list(admission.adopted),
+            handoff_pins=sorted(observe.table_pages(admission.adopted, self.null_block)),
         )
         self.reqs[rid] = req
         for p in participants:
             self.by_participant[p] = rid
         self.count(
             "uncertified_hashes_evicted",
-            observe.restrict_prefix_hit(self.pool, request, req.adopted),
+            observe.restrict_prefix_hit(self.pool, request, req.adopted, self.null_block),
         )
         started: list[Event] = [ParticipantStarted(scope, version, p) for p in participants]
         self.commands.run(self.decide(started))
@@ -211,8 +215,8 @@ class EngineSide:
         if not events:
             return
         commands = self.decide(events)
-        for req, bid, idx in allocations:
-            self.ledger.retain(bid, req.scope, req.version, req.rid, idx, req.salt)
+        for req, bid, idx, group in allocations:
+            self.ledger.retain(bid, req.scope, req.version, req.rid, idx, req.salt, group)
             req.pages.append(bid)
         self.commands.run(commands)
         self._completed.extend(bid for _, bid, _, completes in writes if completes)
@@ -333,8 +337,8 @@ class EngineSide:
 
     # ---- prefix hits of admitted versions -------------------------------------------------------
 
-    def _check_prefix_hit(self, req: ManagedRequest, ids: list[int], start: int) -> None:
-        observe.check_prefix_hit(req.rid, ids, start, req.adopted, self.block_size)
+    def _check_prefix_hit(self, req: ManagedRequest, tables: list[list[int]], start: int) -> None:
+        observe.check_prefix_hit(req.rid, tables, start, req.adopted, self.block_size)
         self.commands.release_handoff_pins(req)  # the successor's own references hold them now
 
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
@@ -374,7 +378,8 @@ class EngineSide:
             "requests": len(self.reqs),
             "participants": len(self.by_participant),
             "request_blocks": sum(
-                len(r.block_ids) + len(r.pages) + len(r.handoff_pins) for r in self.reqs.values()
+                sum(map(len, r.block_ids)) + len(r.pages) + len(r.handoff_pins)
+                for r in self.reqs.values()
             ),
             "admissions": len(self.admissions),
             "openings": len(self.opening),

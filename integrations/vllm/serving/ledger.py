@@ -41,6 +41,7 @@ class BlockRef:
     pins: list[int] = attrs.field(factory=list)  # generation per pin reference, oldest first
     writer_open: bool = True
     cert_version: int | None = None  # the successor version of the newest certificate pin
+    group: int = 0  # the KV cache group the block holds a position of
 
 
 class BlockLedger:
@@ -55,13 +56,20 @@ class BlockLedger:
         self.spy.uninstall()
 
     def retain(
-        self, block: int, scope: str, version: int, request: str, position: int, salt: str
+        self,
+        block: int,
+        scope: str,
+        version: int,
+        request: str,
+        position: int,
+        salt: str,
+        group: int = 0,
     ) -> None:
         if block in self.refs:
             raise LedgerError(f"block {block} is already retained for {self.refs[block].request}")
         self.pool.touch([self.pool.blocks[block]])
         self.refs[block] = BlockRef(
-            block, scope, version, request, position, salt, self.spy.gen(block)
+            block, scope, version, request, position, salt, self.spy.gen(block), group=group
         )
 
     def pin(self, block: int, for_version: int | None = None) -> None:

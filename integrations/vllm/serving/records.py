@@ -17,7 +17,7 @@ class Admission:
     scope: str
     version: int
     salt: str
-    adopted: tuple[int, ...]
+    adopted: tuple[tuple[int, ...], ...]  # one block table per KV cache group
     cold: bool
 
 
@@ -29,9 +29,9 @@ class ManagedRequest:
     participants: tuple[str, ...]
     salt: str
     client_index: int
-    adopted: tuple[int, ...] = ()
+    adopted: tuple[tuple[int, ...], ...] = ()  # one block table per KV cache group
     handoff_pins: list[int] = attrs.field(factory=list)
-    block_ids: list[int] = attrs.field(factory=list)
+    block_ids: list[list[int]] = attrs.field(factory=list)  # one table per KV cache group
     pages: list[int] = attrs.field(factory=list)
     scheduled: bool = False
     closed: set[str] = attrs.field(factory=set)

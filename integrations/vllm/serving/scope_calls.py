@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from retire_core import (
     DEFAULT_CONTRACT,
     Cancel,
@@ -275,7 +277,7 @@ class ScopeCalls:
                 "a scope's versions must decode greedily (temperature 0): inherited state is "
                 "checked against exact equivalence with a clean run"
             )
-        return DEFAULT_CONTRACT
+        return attrs.evolve(DEFAULT_CONTRACT, kv_windows=self.side.kv_windows)
 
     def _fenced_versions(self, commands: Sequence[Command]) -> list[int]:
         return sorted({c.version for c in commands if isinstance(c, Fence)})

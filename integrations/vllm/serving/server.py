@@ -81,7 +81,12 @@ def parse(argv: list[str]) -> Any:
         )
     else:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        defaults = {"dtype": "float32", "block_size": 32, "enforce_eager": True}
+        defaults = {
+            "dtype": "float32",
+            "block_size": 32,
+            "enforce_eager": True,
+            "prefix_cache_retention_interval": None,  # (see engine_config.engine_kwargs)
+        }
     defaults["enable_prompt_tokens_details"] = True  # cached_tokens in usage: the reuse
     for key, value in defaults.items():
         if key not in given and key != "model":

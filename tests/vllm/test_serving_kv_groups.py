@@ -1,0 +1,134 @@
+"""``retire serve`` over a model with two KV cache groups (issue 17, item 2), the real ``openai``
+client.
+
+The ``hybrid`` default model (one 64-token sliding-window layer, one full-attention layer) served
+by ``retire serve`` in its own processes on 127.0.0.1: a revision of a finished version and one of
+a version still streaming each adopt the cut's pages of both groups (every block before the cut
+in the full-attention group, the last two in the sliding-window group), and their output equals
+a cold run of the same prompt on the same server (an unscoped request under no cache salt, with
+no cached token). Every scope is cancelled and the server must hold nothing afterwards; closing
+it validates its core log against the spec.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from retire_bench.servers import ENGINE_OPTIONS, HTTP, RetireServer
+from retire_vllm.client import scoped, stamp
+from retire_vllm.default_model import ensure_default_model
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
+    options = [
+        "--model",
+        str(ensure_default_model(size="hybrid")),
+        "--max-model-len",
+        "2048",
+        "--max-num-batched-tokens",
+        "2048",
+        "--num-gpu-blocks-override",
+        "512",
+        *ENGINE_OPTIONS,
+    ]
+    server = RetireServer(tmp_path_factory.mktemp("retire-hybrid"), options=options)
+    try:
+        yield server
+    finally:
+        verdict = server.close()
+    assert "valid" in verdict
+
+
+@pytest.fixture
+def client(server: RetireServer) -> Iterator[openai.OpenAI]:
+    c = server.openai()
+    yield c
+    c.close()
+    try:
+        server.check_clean()
+    finally:
+        server.release_all()
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 2000) for _ in range(n)]
+
+
+def _complete(c: openai.OpenAI, model: str, tokens: list[int], n: int, **body: Any) -> Any:
+    return c.completions.create(
+        model=model,
+        prompt=tokens,
+        max_tokens=n,
+        temperature=0,
+        extra_body={"ignore_eos": True, **body},
+    )
+
+
+def _cold(c: openai.OpenAI, model: str, tokens: list[int], n: int) -> str:
+    done = _complete(c, model, tokens, n)
+    assert done.usage.prompt_tokens_details.cached_tokens == 0  # really cold
+    return str(done.choices[0].text)
+
+
+def _status(server: RetireServer, scope: str) -> dict[str, Any]:
+    answer: dict[str, Any] = HTTP.get(server.scope_url(scope)).json()
+    return answer
+
+
+def test_the_server_reports_two_groups_and_a_revision_of_a_finished_version_adopts_both(
+    client: openai.OpenAI, server: RetireServer
+) -> None:
+    model = server.model
+    base = _prompt(1, 300)
+    first = _complete(client, model, base, 8, **scoped("hy-fin"))
+    assert stamp(first) == ("hy-fin", 0)
+    revised = [*base[:200], *_prompt(2, 40)]  # 6 full blocks shared
+    second = _complete(client, model, revised, 16, **scoped("hy-fin"))
+    assert stamp(second) == ("hy-fin", 1)
+    assert second.usage.prompt_tokens_details.cached_tokens == 6 * BLOCK
+    info = _status(server, "hy-fin")
+    assert info["version"] == 1 and info["adopted_blocks"] == 6
+    assert second.choices[0].text == _cold(client, model, revised, 16)
+    counters = server.leaks()["counters"]
+    assert counters["adopted_blocks"] == 6 + 2  # full attention: blocks 0-5; sliding: 4 and 5
+    assert HTTP.post(f"{server.scope_url('hy-fin')}/cancel").status_code == 200
+
+
+def test_a_revision_of_a_streaming_version_adopts_both_groups(
+    client: openai.OpenAI, server: RetireServer
+) -> None:
+    model = server.model
+    base = _prompt(3, 260)
+    before = server.leaks()["counters"].get("adopted_blocks", 0)
+    stream = client.completions.create(
+        model=model,
+        prompt=base,
+        max_tokens=1500,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, **scoped("hy-live")},
+    )
+    chunks = iter(stream)
+    next(chunks)  # the version runs (its prompt's blocks are written)
+    revised = [*base[:250], *_prompt(4, 30)]  # 7 full blocks shared
+    second = _complete(client, model, revised, 12, **scoped("hy-live"))
+    assert stamp(second) == ("hy-live", 1)
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] in ("superseded", "length")  # (a starved client may read it late)
+    assert second.usage.prompt_tokens_details.cached_tokens == 7 * BLOCK
+    assert _status(server, "hy-live")["adopted_blocks"] == 7
+    assert server.leaks()["counters"]["adopted_blocks"] - before == 7 + 2
+    assert second.choices[0].text == _cold(client, model, revised, 12)
+    stream.close()
+    assert HTTP.post(f"{server.scope_url('hy-live')}/cancel").status_code == 200
