@@ -208,7 +208,7 @@ class RetireServer(Server):
         for log in self.core_logs():
             if not log.exists() or log.stat().st_size == 0:
                 # as the facade's CoreLog: a server that never handled a scoped event wrote nothing
-                verdicts.append(f"{log.name}: no transition logged: nothing to validate")
+                verdicts.append(f"{log.name}: no transition logged, nothing checked")
                 continue
             result = subprocess.run(
                 [RETIRE, "validate-trace", str(log)], capture_output=True, text=True

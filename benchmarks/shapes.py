@@ -55,13 +55,16 @@ class Shape:
 
     size: str = "tiny"
     draft_seed: int | None = None
+    # (two groups need twice the blocks for one request of the longest length: vLLM refuses
+    # a pool that cannot hold one)
+    max_model_len: int | None = None
 
 
 SHAPES: dict[str, Shape] = {
     "plain": Shape(),
     "spec_rejecting": Shape(draft_seed=1),
     "spec_accepting": Shape(draft_seed=0),
-    "kv_groups": Shape(size="hybrid"),
+    "kv_groups": Shape(size="hybrid", max_model_len=2048),
 }
 MOMENTS = ("between_steps", "drafts_proposed", "drafts_verified")
 NUM_BLOCKS = 256
@@ -203,6 +206,8 @@ def run_shape(shape: str, seeds: Sequence[int], log_dir: Path) -> dict[str, Any]
     extra: dict[str, Any] = {"model": ensure_default_model(size=SHAPES[shape].size)}
     if draft_seed is not None:
         extra["speculative_config"] = speculative_config(draft_seed)
+    if SHAPES[shape].max_model_len is not None:
+        extra["max_model_len"] = SHAPES[shape].max_model_len
     ref = build_engine(num_blocks=NUM_BLOCKS, **extra)
     engine = build_engine(num_blocks=NUM_BLOCKS, scheduler_cls=RetireScheduler, **extra)
     row: dict[str, Any] = {

@@ -17,8 +17,6 @@ from typing import Any
 import attrs
 
 from retire_core import (
-    COLD_CONTRACT,
-    DEFAULT_CONTRACT,
     Contract,
     CoreState,
     ReusePolicy,
@@ -78,8 +76,6 @@ class Universe:
     def contract(self, reuse: bool) -> Contract:
         """The contract of a version opened with (``reuse``) or without handoff."""
         policy = ReusePolicy.AUTO if reuse else ReusePolicy.NEVER
-        if self.kv_windows == (0,):
-            return DEFAULT_CONTRACT if reuse else COLD_CONTRACT
         return Contract(reuse=policy, kv_windows=self.kv_windows)
 
     def scope_slot(self, scope: str) -> int:

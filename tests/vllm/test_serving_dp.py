@@ -20,7 +20,14 @@ import pytest
 from retire_bench.servers import RetireServer
 from retire_vllm.client import scoped, stamp
 from retire_vllm.serving import wire
-from tests.vllm.test_serving import cancel, complete, prompt, revise_mid_stream, status
+from tests.vllm.test_serving import (
+    cancel,
+    complete,
+    expected_end,
+    prompt,
+    revise_mid_stream,
+    status,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -64,7 +71,7 @@ def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank:
     third = [*revised[:140], *prompt(60 + rank, 30)]  # 4 blocks with version 1, while it runs
     first_old, last_old, new = asyncio.run(revise_mid_stream(server, scope, revised, third))
     assert stamp(first_old) == (scope, 2)
-    assert last_old.choices[0].finish_reason == "superseded"
+    assert last_old.choices[0].finish_reason == expected_end(server, scope, 2)
     assert stamp(new) == (scope, 3)
     assert new.choices[0].text == complete(client, server.model, third, 12).choices[0].text
     info = status(server, scope).json()

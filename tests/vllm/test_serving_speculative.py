@@ -21,7 +21,14 @@ from retire_bench.servers import RetireServer
 from retire_bench.shapes import speculative_config
 from retire_vllm import identity
 from retire_vllm.client import stamp
-from tests.vllm.test_serving import cancel, complete, prompt, revise_mid_stream, status
+from tests.vllm.test_serving import (
+    cancel,
+    complete,
+    expected_end,
+    prompt,
+    revise_mid_stream,
+    status,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -51,7 +58,7 @@ def test_a_revision_while_drafts_are_in_flight(server: RetireServer, read: int) 
         revise_mid_stream(server, scope, pred, succ, read=read, new_max=24)
     )
     assert stamp(last_old) == (scope, 0)
-    assert last_old.choices[0].finish_reason == "superseded"
+    assert last_old.choices[0].finish_reason == expected_end(server, scope, 0)
     assert stamp(new) == (scope, 1)
     client = server.openai()
     cold = complete(client, server.model, succ, 24)  # unscoped: served as stock vLLM serves it

@@ -67,6 +67,10 @@ from .scope_calls import ScopeCalls
 
 #: Environment variable naming the file the core's transitions are written to (JSON lines).
 LOG_ENV = "RETIRE_CORE_LOG"
+#: How many data-parallel engine cores the server runs (``retire serve`` sets it): vLLM tells an
+#: engine core of a dense model only its own index (it reconfigures each as an independent DP=1
+#: engine), and every engine core writes its own log.
+DP_SIZE_ENV = "RETIRE_DATA_PARALLEL_SIZE"
 
 
 class EngineSide:
@@ -124,7 +128,8 @@ class EngineSide:
         logger: Any = NullLogger()
         if log_path:
             pc = vcfg.parallel_config
-            path = engine_log_path(log_path, pc.data_parallel_rank, pc.data_parallel_size)
+            dp_size = int(os.environ.get(DP_SIZE_ENV) or pc.data_parallel_size)
+            path = engine_log_path(log_path, int(pc.data_parallel_index), dp_size)
             self._log_file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
             logger = json_lines_logger(self._log_file)
         self.ledger = BlockLedger(self.pool)

@@ -97,6 +97,7 @@ def parse(argv: list[str]) -> Any:
     args.middleware = [*(args.middleware or []), MIDDLEWARE]
     if log_path:
         os.environ["RETIRE_CORE_LOG"] = os.path.abspath(log_path)
+        os.environ["RETIRE_DATA_PARALLEL_SIZE"] = str(int(args.data_parallel_size or 1))
     args.retire_scope_ttl = float(ttl) if ttl is not None else DEFAULT_SCOPE_TTL_S
     if not args.retire_scope_ttl > 0:
         raise SystemExit("--retire-scope-ttl must be a positive number of seconds")
