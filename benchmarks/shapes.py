@@ -448,7 +448,10 @@ SERVING_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("successor done p50 ms", lambda r: str(r["revision_to_successor_done_ms"]["p50"])),
     ("max ", lambda r: str(r["revision_to_successor_done_ms"]["max"])),
     ("cached/reusable tokens", lambda r: f"{r['cached_tokens']}/{r['reusable_tokens']}"),
-    ("core logs", lambda r: "n/a" if "core_logs" not in r else "valid" if not r["errors"] else "-"),
+    (
+        "core logs valid",
+        lambda r: str(r["core_logs"].count(": valid — ")) if "core_logs" in r else "n/a",
+    ),
 )
 
 

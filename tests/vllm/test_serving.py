@@ -41,7 +41,7 @@ def retire_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireSe
         yield server
     finally:
         verdict = server.close()
-    assert "valid" in verdict
+    assert ": valid — " in verdict, verdict
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
         yield srv
     finally:
         verdict = srv.close()
-    assert srv.dp == 2 and verdict.count("valid") == 2, verdict
+    assert srv.dp == 2 and verdict.count(": valid — ") == 2, verdict
 
 
 def scope_on(rank: int) -> str:

@@ -47,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
         yield server
     finally:
         verdict = server.close()
-    assert "valid" in verdict
+    assert ": valid — " in verdict, verdict
 
 
 @pytest.fixture

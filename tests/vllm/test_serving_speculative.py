@@ -43,7 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
         yield srv
     finally:
         verdict = srv.close()
-    assert "valid" in verdict
+    assert ": valid — " in verdict, verdict
     assert srv.core_log is not None
     seen = {json.loads(line)["transition"] for line in srv.core_log.read_text().splitlines()}
     assert {"write_draft", "verify_drafts"} <= seen, seen

@@ -27,7 +27,7 @@ def tp2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServe
         yield server
     finally:
         verdict = server.close()
-    assert "valid" in verdict
+    assert ": valid — " in verdict, verdict
 
 
 def test_a_revision_under_tp2_waits_for_receipts_from_both_ranks(tp2_server: RetireServer) -> None:

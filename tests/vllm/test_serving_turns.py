@@ -32,7 +32,7 @@ def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireSer
         yield server
     finally:
         verdict = server.close()
-    assert "valid" in verdict
+    assert ": valid — " in verdict, verdict
 
 
 def test_200_scopes_in_turn_do_not_fill_the_pool(small_server: RetireServer) -> None:
