@@ -16,19 +16,19 @@ saw it, and that log validated against the spec when the facade closes. Figures 
 runs the checker admits. The workload and its driver (``plans``, ``run_plans``) are also what
 ``tests/vllm/test_facade_speculative.py`` runs.
 
-``--serving`` adds the same revisions through ``retire serve`` and the ``openai`` client, in three
-server shapes: plain, speculative (rejecting draft model) and data parallel 2 (two engine cores,
-scopes by affinity). Each predecessor streams; after some of its tokens were read its scope is
-revised; the native baseline (``stock_let_run``) is stock vLLM's server with the same client,
-the revision a new request and the old call left to finish. Measured from the client: revision
-sent to the successor's completion and to the end of the old stream (read to its end, so this
-includes what was already on its way; how many old versions ran to their end is counted: all of
-them natively, under Retire those that ended before the revision arrived), the successor's cached
-tokens against the common prefix's blocks, and its text against an unscoped (cold) run on the
-same server (a successor counts as admitted only if they are equal); the server's core logs (one
-per engine) validate against the spec when it closes. What does not live here: how the integration
-reports drafts (``retire_vllm.observe``), the data-parallel routing (``retire_vllm.serving``) and
-the campaign commands.
+``--serving`` adds the same revisions through ``retire serve`` and the ``openai`` client, in four
+server shapes: plain, speculative (rejecting draft model), two KV cache groups (the ``hybrid``
+model) and data parallel 2 (two engine cores, scopes by affinity). Each predecessor streams; after
+some of its tokens were read its scope is revised; the native baseline (``stock_let_run``) is stock
+vLLM's server with the same client, the revision a new request and the old call left to finish.
+Measured from the client: revision sent to the successor's completion and to the end of the old
+stream (read to its end, so this includes what was already on its way; how many old versions ran to
+their end is counted: all of them natively, under Retire those that ended before the revision
+arrived), the successor's cached tokens against the common prefix's blocks, and its text against an
+unscoped (cold) run on the same server (a successor counts as admitted only if they are equal); the
+server's core logs (one per engine) validate against the spec when it closes. What does not live
+here: how the integration reports drafts (``retire_vllm.observe``), the data-parallel routing
+(``retire_vllm.serving``) and the campaign commands.
 """
 
 from __future__ import annotations
@@ -301,7 +301,13 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 #: ``stock_let_run`` is the native baseline: stock vLLM's server, the revision a new request and
 #: the old call left to finish (what a framework without revisions does), read by the same client.
-SERVING_SHAPES = ("stock_let_run", "serve_plain", "serve_spec_rejecting", "serve_dp2")
+SERVING_SHAPES = (
+    "stock_let_run",
+    "serve_plain",
+    "serve_spec_rejecting",
+    "serve_kv_groups",
+    "serve_dp2",
+)
 
 
 #: The serving shapes' client: a starved 2-core machine can keep a connection waiting for long.
@@ -310,11 +316,16 @@ CLIENT_TIMEOUT = 300.0
 
 def serving_shapes() -> dict[str, list[str]]:
     """``retire serve`` options per serving shape."""
+    from retire_vllm.default_model import ensure_default_model
+
     spec = json.dumps(speculative_config(1))
+    hybrid = str(ensure_default_model(size="hybrid"))
     return {
         "stock_let_run": [],
         "serve_plain": [],
         "serve_spec_rejecting": ["--speculative-config", spec],
+        # two KV cache groups need twice the blocks of one request of the longest length
+        "serve_kv_groups": ["--model", hybrid, "--num-gpu-blocks-override", "1024"],
         "serve_dp2": ["--data-parallel-size", "2"],
     }
 
