@@ -193,7 +193,9 @@ class CommandExecutor:
         todo = [p for p in participants if p not in req.closed]
         ranks = [p for p in todo if p != req.rid]
         if ranks:
-            blocks = sorted(observe.table_pages(req.block_ids, self.null_block))
+            # every page the request holds: its block tables, and the pages of a sliding-window
+            # group its window has passed (vLLM dropped them from the table, the ledger keeps them)
+            blocks = sorted(observe.table_pages(req.block_ids, self.null_block) | set(req.pages))
             answers = observe.rank_receipts(self.model_executor, req.rid, ranks, blocks)
             self.on_rank_receipts(req, answers)
         for participant in [*ranks, *(p for p in todo if p == req.rid)]:

@@ -25,12 +25,12 @@ pytestmark = pytest.mark.vllm
 SCRIPT = Path(__file__).with_name("tp2_scenario.py")
 
 
-def test_tp2_receipts_from_every_rank() -> None:
+def _scenario(*args: str) -> dict[str, Any]:
     # vLLM's IPC sockets live under TMPDIR and their paths must stay under 107 bytes (pytest's
     # tmp_path under an xdist worker is longer)
     with tempfile.TemporaryDirectory(prefix="rt") as short:
         proc = subprocess.run(
-            [sys.executable, str(SCRIPT)],
+            [sys.executable, str(SCRIPT), *args],
             capture_output=True,
             text=True,
             timeout=420,
@@ -38,7 +38,12 @@ def test_tp2_receipts_from_every_rank() -> None:
         )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    r: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+def test_tp2_receipts_from_every_rank() -> None:
+    r = _scenario()
     print(f"\n[tp2] {r}")
     assert r["executor"] == "MultiprocExecutor" and r["tp"] == 2
     for parts, receipts in zip(r["participants"], r["receipts"], strict=True):
@@ -53,3 +58,19 @@ def test_tp2_receipts_from_every_rank() -> None:
     assert r["v2_ok"], r["v2_problems"]
     assert r["closed_clean"]
     assert r["core_log_validated"] > 0  # the run's core log was a behaviour of the spec
+
+
+def test_tp2_with_two_kv_cache_groups() -> None:
+    """The hybrid model over two ranks: the revision adopts both groups' slots, and each rank's
+    receipt digests every page the retired version holds -- the sliding-window blocks its window
+    had passed (gone from vLLM's block table, still retained) included."""
+    r = _scenario("hybrid")
+    print(f"\n[tp2 hybrid] {r}")
+    assert r["windows"] == [2, 0]
+    assert r["rank_receipts"] == [[0, 1], [0, 1]]
+    assert len(r["v0_pages"]) == 20  # 10 blocks of the prompt in each group
+    assert r["v0_rank_digest_blocks"] == [r["v0_pages"], r["v0_pages"]]
+    assert r["adopted"] == 6
+    assert r["slots"] == sorted([[1, i] for i in range(6)] + [[0, 4], [0, 5]])
+    assert r["v1_ok"], r["v1_problems"]
+    assert r["core_log_validated"] > 0

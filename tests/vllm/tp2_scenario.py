@@ -1,5 +1,6 @@
 """Tensor parallel 2 on CPU under RetireEngine: run as a script in its own process (the mp
-executor spawns one worker process per rank), prints ``RESULT <json>``."""
+executor spawns one worker process per rank), prints ``RESULT <json>``. With the argument
+``hybrid``: a revision on the ``hybrid`` model (two KV cache groups) instead."""
 
 from __future__ import annotations
 
@@ -63,5 +64,44 @@ def main() -> int:
     return 0
 
 
+def hybrid() -> int:
+    """A revision on the hybrid model after its sliding window has passed the predecessor's first
+    blocks: each rank's receipt digests every page the version holds, in both groups."""
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    from retire_core import DEFAULT_CONTRACT
+    from retire_vllm.checker import Checker
+    from retire_vllm.default_model import ensure_default_model
+    from retire_vllm.facade import RetireEngine
+
+    model = ensure_default_model(size="hybrid")
+    facade = RetireEngine(model, num_blocks=256, tensor_parallel_size=2, max_model_len=2048)
+    rng = random.Random(52)
+    p0 = [rng.randrange(1, 2048) for _ in range(300)]
+    p1 = p0[:200] + [rng.randrange(1, 2048) for _ in range(20)]
+    facade.submit("tp", p0, DEFAULT_CONTRACT, 40)
+    for _ in range(12):
+        facade.step()
+    facade.supersede("tp", p1, DEFAULT_CONTRACT, 12)
+    facade.run_until_idle()
+    verdict = Checker(None).verify(facade, "tp", 1)
+    log = facade.records["tp"]
+    result = {
+        "windows": list(facade.kv_windows),
+        "rank_receipts": [sorted(int(a["rank"]) for a in r.rank_receipts) for r in log.versions],
+        "v0_pages": sorted(log.version(0).pages),
+        "v0_rank_digest_blocks": [
+            sorted(int(b) for b in a["digests"]) for a in log.version(0).rank_receipts
+        ],
+        "adopted": log.version(1).adopted_blocks,
+        "slots": sorted((e[4], e[1]) for e in log.version(1).certificate),
+        "v1_ok": verdict.ok,
+        "v1_problems": verdict.problems,
+    }
+    facade.shutdown()
+    result["core_log_validated"] = facade.core_log.validated if facade.core_log else None
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(hybrid() if sys.argv[1:] == ["hybrid"] else main())
