@@ -12,17 +12,15 @@ it validates its core log against the spec.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
-from typing import Any
 
 import openai
 import pytest
 
-from retire_bench.servers import ENGINE_OPTIONS, HTTP, RetireServer
+from retire_bench.servers import ENGINE_OPTIONS, RetireServer
 from retire_vllm.client import scoped, stamp
 from retire_vllm.default_model import ensure_default_model
-from tests.vllm.test_serving import expected_end
+from tests.vllm.test_serving import cancel, complete, expected_end, prompt, status
 
 pytestmark = pytest.mark.vllm
 
@@ -61,56 +59,36 @@ def client(server: RetireServer) -> Iterator[openai.OpenAI]:
         server.release_all()
 
 
-def _prompt(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(10, 2000) for _ in range(n)]
-
-
-def _complete(c: openai.OpenAI, model: str, tokens: list[int], n: int, **body: Any) -> Any:
-    return c.completions.create(
-        model=model,
-        prompt=tokens,
-        max_tokens=n,
-        temperature=0,
-        extra_body={"ignore_eos": True, **body},
-    )
-
-
 def _cold(c: openai.OpenAI, model: str, tokens: list[int], n: int) -> str:
-    done = _complete(c, model, tokens, n)
+    done = complete(c, model, tokens, n)
     assert done.usage.prompt_tokens_details.cached_tokens == 0  # really cold
     return str(done.choices[0].text)
 
 
-def _status(server: RetireServer, scope: str) -> dict[str, Any]:
-    answer: dict[str, Any] = HTTP.get(server.scope_url(scope)).json()
-    return answer
-
-
-def test_the_server_reports_two_groups_and_a_revision_of_a_finished_version_adopts_both(
+def test_a_revision_of_a_finished_version_adopts_both_groups(
     client: openai.OpenAI, server: RetireServer
 ) -> None:
     model = server.model
-    base = _prompt(1, 300)
-    first = _complete(client, model, base, 8, **scoped("hy-fin"))
+    base = prompt(1, 300)
+    first = complete(client, model, base, 8, **scoped("hy-fin"))
     assert stamp(first) == ("hy-fin", 0)
-    revised = [*base[:200], *_prompt(2, 40)]  # 6 full blocks shared
-    second = _complete(client, model, revised, 16, **scoped("hy-fin"))
+    revised = [*base[:200], *prompt(2, 40)]  # 6 full blocks shared
+    second = complete(client, model, revised, 16, **scoped("hy-fin"))
     assert stamp(second) == ("hy-fin", 1)
     assert second.usage.prompt_tokens_details.cached_tokens == 6 * BLOCK
-    info = _status(server, "hy-fin")
+    info = status(server, "hy-fin").json()
     assert info["version"] == 1 and info["adopted_blocks"] == 6
     assert second.choices[0].text == _cold(client, model, revised, 16)
     counters = server.leaks()["counters"]
     assert counters["adopted_blocks"] == 6 + 2  # full attention: blocks 0-5; sliding: 4 and 5
-    assert HTTP.post(f"{server.scope_url('hy-fin')}/cancel").status_code == 200
+    assert cancel(server, "hy-fin").status_code == 200
 
 
 def test_a_revision_of_a_streaming_version_adopts_both_groups(
     client: openai.OpenAI, server: RetireServer
 ) -> None:
     model = server.model
-    base = _prompt(3, 260)
+    base = prompt(3, 260)
     before = server.leaks()["counters"].get("adopted_blocks", 0)
     stream = client.completions.create(
         model=model,
@@ -122,14 +100,14 @@ def test_a_revision_of_a_streaming_version_adopts_both_groups(
     )
     chunks = iter(stream)
     next(chunks)  # the version runs (its prompt's blocks are written)
-    revised = [*base[:250], *_prompt(4, 30)]  # 7 full blocks shared
-    second = _complete(client, model, revised, 12, **scoped("hy-live"))
+    revised = [*base[:250], *prompt(4, 30)]  # 7 full blocks shared
+    second = complete(client, model, revised, 12, **scoped("hy-live"))
     assert stamp(second) == ("hy-live", 1)
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert reasons[-1] == expected_end(server, "hy-live", 0)
     assert second.usage.prompt_tokens_details.cached_tokens == 7 * BLOCK
-    assert _status(server, "hy-live")["adopted_blocks"] == 7
+    assert status(server, "hy-live").json()["adopted_blocks"] == 7
     assert server.leaks()["counters"]["adopted_blocks"] - before == 7 + 2
     assert second.choices[0].text == _cold(client, model, revised, 12)
     stream.close()
-    assert HTTP.post(f"{server.scope_url('hy-live')}/cancel").status_code == 200
+    assert cancel(server, "hy-live").status_code == 200
