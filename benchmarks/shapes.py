@@ -305,6 +305,7 @@ SERVING_SHAPES = (
     "stock_let_run",
     "serve_plain",
     "serve_spec_rejecting",
+    "stock_let_run_kv_groups",
     "serve_kv_groups",
     "serve_dp2",
 )
@@ -326,6 +327,14 @@ def serving_shapes() -> dict[str, list[str]]:
         "serve_spec_rejecting": ["--speculative-config", spec],
         # two KV cache groups need twice the blocks of one request of the longest length
         "serve_kv_groups": ["--model", hybrid, "--num-gpu-blocks-override", "1024"],
+        # stock vLLM's server over the hybrid model with vLLM's own defaults (its sliding-window
+        # prefix cache kept sparse), the engine settings otherwise those of retire serve's
+        "stock_let_run_kv_groups": [
+            *("--model", hybrid, "--dtype", "float32", "--block-size", "32", "--enforce-eager"),
+            *("--num-gpu-blocks-override", "1024", "--enable-prompt-tokens-details"),
+            *("--kv-cache-memory-bytes", str(128 << 20)),  # (vLLM's default: most of the RAM)
+            *("--max-num-seqs", "16", "--seed", "0"),
+        ],
         "serve_dp2": ["--data-parallel-size", "2"],
     }
 
@@ -407,7 +416,9 @@ def run_serving_shape(shape: str, options: list[str], seeds: Sequence[int]) -> d
     tmp = Path(tempfile.mkdtemp(prefix=f"retire-{shape}-"))
     stock = shape.startswith("stock")
     server: Any = (
-        StockServer(tmp, str(ensure_default_model())) if stock else RetireServer(tmp, options)
+        StockServer(tmp, str(ensure_default_model()), options or None)
+        if stock
+        else RetireServer(tmp, options)
     )
     try:
         for seed in seeds:
