@@ -20,7 +20,9 @@ runs the checker admits. The workload and its driver (``plans``, ``run_plans``) 
 server shapes: plain, speculative (rejecting draft model), two KV cache groups (the ``hybrid``
 model) and data parallel 2 (two engine cores, scopes by affinity). Each predecessor streams; after
 some of its tokens were read its scope is revised; the native baseline (``stock_let_run``) is stock
-vLLM's server with the same client, the revision a new request and the old call left to finish.
+vLLM's server with the same client, the revision a new request and the old call left to finish
+(over the hybrid model: ``stock_let_run_kv_groups`` with vLLM's defaults, ``..._dense`` with its
+sliding-window prefix cache kept dense as ``retire serve`` keeps it).
 Measured from the client: revision sent to the successor's completion and to the end of the old
 stream (read to its end, so this includes what was already on its way; how many old versions ran to
 their end is counted: all of them natively, under Retire those that ended before the revision
@@ -306,6 +308,7 @@ SERVING_SHAPES = (
     "serve_plain",
     "serve_spec_rejecting",
     "stock_let_run_kv_groups",
+    "stock_let_run_kv_groups_dense",
     "serve_kv_groups",
     "serve_dp2",
 )
@@ -321,7 +324,7 @@ def serving_shapes() -> dict[str, list[str]]:
 
     spec = json.dumps(speculative_config(1))
     hybrid = str(ensure_default_model(size="hybrid"))
-    return {
+    shapes = {
         "stock_let_run": [],
         "serve_plain": [],
         "serve_spec_rejecting": ["--speculative-config", spec],
@@ -337,6 +340,11 @@ def serving_shapes() -> dict[str, list[str]]:
         ],
         "serve_dp2": ["--data-parallel-size", "2"],
     }
+    shapes["stock_let_run_kv_groups_dense"] = [
+        *shapes["stock_let_run_kv_groups"],
+        *("--prefix-cache-retention-interval", "None"),  # as retire serve runs it
+    ]
+    return shapes
 
 
 async def _revise_mid_stream(base: str, model: str, p: Plan, scoped_run: bool) -> dict[str, Any]:
