@@ -798,6 +798,3 @@ def _fates(commands: Iterable[Command]) -> dict[int, str]:
         elif isinstance(cmd, Drop):
             fates[cmd.frame] = cmd.reason
     return fates
-
-
-# --- several engines sharing nothing -------------------------------------------------------------
