@@ -17,6 +17,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import attrs
+
+from retire_core import DEFAULT_CONTRACT, Contract, ContractError
+
 if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
     from vllm.sampling_params import SamplingParams
@@ -52,6 +56,27 @@ def kv_bytes_per_block(
     """Bytes of K and V one block takes across all layers (default: the tiny model, fp32)."""
     kv_heads_per_rank = max(1, num_kv_heads // tp_size)
     return 2 * num_layers * block_size * kv_heads_per_rank * head_dim * dtype_bytes
+
+
+def engine_contract(contract: Contract, kv_windows: tuple[int, ...]) -> Contract:
+    """``contract`` on an engine whose KV cache groups have ``kv_windows``, or
+    :class:`ContractError` (a ``ValueError``) naming what this engine cannot honour. The windows
+    are a fact of the model, not a choice: the default is replaced, other windows refused. The
+    in-process facade and the serving engine side both check a version's contract here."""
+    if contract.kv_windows not in (DEFAULT_CONTRACT.kv_windows, kv_windows):
+        raise ContractError(
+            f"this engine's KV cache groups have windows {kv_windows} (blocks, 0: full "
+            f"attention), not {contract.kv_windows}"
+        )
+    if contract.numerical_mode != ENGINE_NUMERICAL_MODE:
+        raise ContractError(
+            f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {contract.numerical_mode!r}"
+        )
+    if contract.equivalence != "exact":
+        raise ContractError(
+            f"only exact output equivalence is supported, not {contract.equivalence!r}"
+        )
+    return attrs.evolve(contract, kv_windows=kv_windows)
 
 
 def engine_kwargs(

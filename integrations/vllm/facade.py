@@ -59,8 +59,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from retire_core import (
     DEFAULT_CONTRACT,
     AllowWrite,
@@ -85,7 +83,7 @@ from . import identity, observe
 from . import introspect as ix
 from .api import Delivery
 from .corelog import CoreLog, NullLogger, TraceRejected, log_path_for
-from .engine_config import BLOCK_SIZE, ENGINE_NUMERICAL_MODE, build_engine
+from .engine_config import BLOCK_SIZE, build_engine, engine_contract
 from .errors import EngineDeadError, IntegrationError, IsolationError, LeakError
 from .facade_commands import FacadeCommands
 from .facade_records import (
@@ -741,7 +739,7 @@ class RetireEngine:
     ) -> tuple[Contract, tuple[int, ...], tuple[str, ...]]:
         """Check a request (raises before anything changes): the contract it runs under on this
         engine, its tokens and its block context."""
-        contract = self._engine_contract(contract)
+        contract = engine_contract(contract, self.kv_windows)
         tokens = self._check_prompt(prompt, max_tokens)
         return contract, tokens, self._context(scope, tokens, contract, tenant)
 
@@ -769,24 +767,6 @@ class RetireEngine:
                 f"{self.max_model_len}"
             )
         return tokens
-
-    def _engine_contract(self, contract: Contract) -> Contract:
-        """``contract`` on this engine: its ``kv_windows`` are the engine's KV cache groups (a
-        fact of the model, not a choice: the default is replaced, other windows refused)."""
-        if contract.kv_windows not in (DEFAULT_CONTRACT.kv_windows, self.kv_windows):
-            raise ValueError(
-                f"this engine's KV cache groups have windows {self.kv_windows} (blocks, 0: full "
-                f"attention), not {contract.kv_windows}"
-            )
-        if contract.numerical_mode != ENGINE_NUMERICAL_MODE:
-            raise ValueError(
-                f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {contract.numerical_mode!r}"
-            )
-        if contract.equivalence != "exact":
-            raise ValueError(
-                f"only exact output equivalence is supported, not {contract.equivalence!r}"
-            )
-        return attrs.evolve(contract, kv_windows=self.kv_windows)
 
 
 def _fates(commands: Iterable[Command]) -> dict[int, str]:

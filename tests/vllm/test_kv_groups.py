@@ -22,12 +22,13 @@ from typing import Any
 import attrs
 import pytest
 
-from retire_core import DEFAULT_CONTRACT
+from retire_core import DEFAULT_CONTRACT, ContractError
 from retire_core.handoff import required_slots
 from retire_vllm import identity
 from retire_vllm import introspect as ix
 from retire_vllm.checker import Checker
 from retire_vllm.default_model import ensure_default_model
+from retire_vllm.engine_config import engine_contract
 from retire_vllm.errors import IntegrationError
 from retire_vllm.observe import kv_windows
 from tests.vllm.support import attached, build, shutdown, tokens
@@ -158,6 +159,31 @@ def test_a_contract_naming_other_windows_is_refused(engine: Any) -> None:
         with pytest.raises(ValueError, match="KV cache groups have windows"):
             facade.submit("w", [1, 2, 3], attrs.evolve(DEFAULT_CONTRACT, kv_windows=(0, 0)), 4)
         assert "w" not in facade.records and not facade.retire.state.scopes
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"kv_windows": (0, 0)}, "KV cache groups have windows"),
+        ({"kv_windows": (3,)}, "KV cache groups have windows"),
+        ({"numerical_mode": "bf16-greedy"}, "runs 'fp32-greedy'"),
+        ({"equivalence": "semantic"}, "only exact output equivalence"),
+    ],
+)
+def test_engine_contract_refuses_what_the_engine_cannot_honour(
+    change: dict[str, Any], message: str
+) -> None:
+    """The one contract check the facade and the serving engine side share."""
+    with pytest.raises(ContractError, match=message):
+        engine_contract(attrs.evolve(DEFAULT_CONTRACT, **change), (0, 2))
+
+
+def test_engine_contract_carries_the_engines_windows() -> None:
+    assert engine_contract(DEFAULT_CONTRACT, (0, 2)).kv_windows == (0, 2)
+    assert engine_contract(attrs.evolve(DEFAULT_CONTRACT, kv_windows=(0, 2)), (0, 2)) == (
+        attrs.evolve(DEFAULT_CONTRACT, kv_windows=(0, 2))
+    )
+    assert engine_contract(DEFAULT_CONTRACT, (0,)) == DEFAULT_CONTRACT
 
 
 def _config_of(*specs: Any, retention: int | None = None) -> Any:

@@ -37,7 +37,7 @@ from retire_core.errors import ContractError, IllegalTransitionError, UnknownSco
 from retire_core.ids import check_name
 
 from .. import identity
-from ..engine_config import ENGINE_NUMERICAL_MODE
+from ..engine_config import ENGINE_NUMERICAL_MODE, engine_contract
 from . import wire
 from .records import ScopeInfo
 
@@ -269,15 +269,15 @@ class ScopeCalls:
         }
 
     def _contract(self, payload: dict[str, Any]) -> Contract:
-        mode = payload.get("numerical_mode") or ENGINE_NUMERICAL_MODE
-        if mode != ENGINE_NUMERICAL_MODE:
-            raise ContractError(f"this engine runs {ENGINE_NUMERICAL_MODE!r}, not {mode!r}")
         if not payload.get("greedy", False):
             raise ContractError(
                 "a scope's versions must decode greedily (temperature 0): inherited state is "
                 "checked against exact equivalence with a clean run"
             )
-        return attrs.evolve(DEFAULT_CONTRACT, kv_windows=self.side.kv_windows)
+        mode = payload.get("numerical_mode") or ENGINE_NUMERICAL_MODE
+        return engine_contract(
+            attrs.evolve(DEFAULT_CONTRACT, numerical_mode=mode), self.side.kv_windows
+        )
 
     def _fenced_versions(self, commands: Sequence[Command]) -> list[int]:
         return sorted({c.version for c in commands if isinstance(c, Fence)})
