@@ -12,11 +12,19 @@ tokens in between, as vLLM's own benchmark defines it: chunks reach a client in 
 tokens per second; and Retire over stock as ratios. Then the revision
 latency over HTTP, on each ``retire serve`` server: from sending a revision to the arrival of the
 old stream's terminal (``superseded``) chunk at the client, and to the revision's response headers
-(accepted). The client reads every stream through ``retire_vllm.client.each_chunk``, so a long old
-stream does not hold up the revision sent beside it.
+(accepted), split into the revision's ``Server-Timing`` phases (``retire_vllm.serving.wire``)
+and the rest (HTTP in, the fence's terminal output back to the client); ``--revisions-only``
+runs just these trials on one server, once with each reader of the old stream: ``raw`` (SSE
+lines, a reader that keeps up) and ``openai`` (the client's chunks); ``--reader`` picks one for
+the full run. ``--apart`` puts the client on a CPU of its own and the servers on the others,
+as a client on another machine (sharing two cores, the client itself is starved for seconds at
+times, against stock vLLM's server as against ``retire serve``). The client reads every
+stream through
+``retire_vllm.client.each_chunk``, so a long old stream does not hold up the revision sent
+beside it.
 
 ``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
-[--json PATH]``
+[--revisions-only] [--reader openai|raw] [--apart] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,14 +42,15 @@ import httpx
 import openai
 
 from retire_vllm.client import each_chunk, read_stream, scoped
+from retire_vllm.serving import wire
 
-from .servers import RetireServer, Server, StockServer
+from .servers import CLIENT_TIMEOUT_S, RetireServer, Server, StockServer
 
 
 def _pct(values: list[float], q: float) -> float:
-    if not values:
+    ordered = sorted(v for v in values if v == v)  # NaN: the trial had no such phase
+    if not ordered:
         return float("nan")
-    ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
@@ -107,39 +117,93 @@ async def _round(server: Server, scoped_requests: bool, args: Any, tag: str) -> 
     }
 
 
-async def _revision_latency(server: RetireServer, trials: int) -> dict[str, list[float]]:
-    c = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
-    closed, accepted = [], []
-    for t in range(trials):
-        scope = f"rev-{t}"
-        old = await c.completions.create(
-            model=server.model,
-            prompt=_prompt(5000 + t, 96),
-            max_tokens=1500,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True, **scoped(scope)},
-        )
-        end: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        started = asyncio.Event()
+async def _revision_latency(
+    server: RetireServer, trials: int, reader_kind: str = "openai"
+) -> dict[str, list[float]]:
+    """``reader_kind`` reads the old stream: ``openai`` (the ``openai`` client's chunks, as an
+    application reads them; a reader slower than the server leaves a backlog of chunks sent
+    before the revision in its socket, and the terminal chunk arrives behind them) or ``raw``
+    (SSE lines off the socket, fast enough to keep it drained: the server's own close).
 
-        async def read(
-            stream: Any = old, done: asyncio.Future[float] = end, first: asyncio.Event = started
+    Per trial (seconds; NaN where a phase does not apply): ``old_stream_closed`` when the old
+    stream ended ``superseded``; ``old_version_finished_first`` when it ended by itself before
+    the revision reached the authority (nothing was superseded: a starved client can send its
+    revision that late); ``revision_accepted``; the revision's Server-Timing phases; and the
+    rest of the close (HTTP in, the terminal output's way back to the client)."""
+    # a fresh connection per request: a kept-alive one the server times out (uvicorn: 5 s)
+    # while a starved client reuses it fails the request
+    fresh = {"Connection": "close"}
+    c = openai.AsyncOpenAI(
+        base_url=f"{server.base}/v1", api_key="none", max_retries=0, default_headers=fresh
+    )
+    h = httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, headers=fresh)
+    nan = float("nan")
+    out: dict[str, list[float]] = {
+        "old_stream_closed": [],
+        "old_version_finished_first": [],
+        "revision_accepted": [],
+        "rest-to-old-stream-closed": [],
+    }
+    for t in range(trials):
+        scope = f"rev-{reader_kind}-{t}"
+        end: asyncio.Future[tuple[float, str]] = asyncio.get_running_loop().create_future()
+        started = asyncio.Event()
+        body = {
+            "model": server.model,
+            "prompt": _prompt(5000 + t, 96),
+            "max_tokens": 1500,
+            "temperature": 0,
+            "stream": True,
+        }
+
+        def saw(
+            n: int,
+            reason: str | None,
+            done: asyncio.Future[tuple[float, str]] = end,
+            first: asyncio.Event = started,
         ) -> None:
+            if n == 3:
+                first.set()
+            if reason is not None and not done.done():
+                done.set_result((time.perf_counter(), reason))
+
+        extra = {"ignore_eos": True, **scoped(scope)}
+
+        async def read_openai(body: dict[str, Any] = body, extra: dict[str, Any] = extra) -> None:
+            stream = await c.completions.create(**body, extra_body=extra)
             n = 0
             async for chunk in each_chunk(stream):
                 n += 1
-                if n == 3:
-                    first.set()
-                if chunk.choices and chunk.choices[0].finish_reason is not None and not done.done():
-                    done.set_result(time.perf_counter())
+                saw(n, chunk.choices[0].finish_reason if chunk.choices else None)
+
+        async def read_raw(body: dict[str, Any] = body, extra: dict[str, Any] = extra) -> None:
+            url = f"{server.base}/v1/completions"
+            async with h.stream("POST", url, json={**body, **extra}) as response:
+                n = 0
+                async for line in response.aiter_lines():
+                    await asyncio.sleep(0)  # buffered lines are read without suspending
+                    if line.startswith("data: {"):
+                        n += 1
+                        ended = '"finish_reason":"' in line  # parse only the last chunk
+                        saw(
+                            n,
+                            json.loads(line[6:])["choices"][0]["finish_reason"] if ended else None,
+                        )
+
+        async def read(done: asyncio.Future[tuple[float, str]] = end) -> None:
+            await (read_raw() if reader_kind == "raw" else read_openai())
             if not done.done():
-                done.set_result(float("nan"))
+                done.set_result((nan, "no finish reason"))
 
         reader = asyncio.create_task(read())
-        await started.wait()
+        waiting = asyncio.create_task(started.wait())
+        await asyncio.wait((reader, waiting), return_when=asyncio.FIRST_COMPLETED)
+        if not started.is_set():  # the old stream failed or ended at once: say why
+            waiting.cancel()
+            await reader
+            raise RuntimeError(f"trial {t}: the old stream ended before its third chunk")
         sent = time.perf_counter()
-        new = await c.completions.create(
+        raw = await c.completions.with_raw_response.create(
             model=server.model,
             prompt=_prompt(6000 + t, 96),
             max_tokens=2,
@@ -147,14 +211,37 @@ async def _revision_latency(server: RetireServer, trials: int) -> dict[str, list
             stream=True,
             extra_body={"ignore_eos": True, **scoped(scope)},
         )
-        accepted.append(time.perf_counter() - sent)
-        closed.append(await end - sent)
+        new = raw.parse()
+        out["revision_accepted"].append(time.perf_counter() - sent)
+        phases = _server_timing(raw.headers.get("server-timing", ""))
+        for name in wire.SERVER_TIMING_NAMES:
+            out.setdefault(name, []).append(phases.get(name, nan * 1000) / 1000)
+        ended_at, reason = await end
+        superseded = reason == wire.FINISH_SUPERSEDED
+        out["old_stream_closed"].append(ended_at - sent if superseded else nan)
+        out["old_version_finished_first"].append(nan if superseded else ended_at - sent)
+        before = sum(
+            out[n][-1]
+            for n in ("retire-api", "retire-queue", "retire-authority", "retire-commands")
+        )
+        out["rest-to-old-stream-closed"].append(ended_at - sent - before if superseded else nan)
         await read_stream(new)
         await reader
-        async with httpx.AsyncClient() as h:
-            (await h.post(f"{server.base}/v1/scopes/{scope}/cancel")).raise_for_status()
+        (await h.post(f"{server.base}/v1/scopes/{scope}/cancel")).raise_for_status()
     await c.close()
-    return {"old_stream_closed": closed, "revision_accepted": accepted}
+    await h.aclose()
+    return out
+
+
+def _server_timing(header: str) -> dict[str, float]:
+    """``Server-Timing`` metrics -> milliseconds."""
+    metrics = (m.split(";") for m in header.split(",") if m.strip())
+    return {
+        m[0].strip(): float(d.strip().removeprefix("dur="))
+        for m in metrics
+        for d in m[1:]
+        if d.strip().startswith("dur=")
+    }
 
 
 def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
@@ -169,19 +256,74 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def _command(args: Any) -> str:
+    """The command line that repeats this run."""
+    flags = []
+    only_revisions = ("trials", "revisions_only", "apart")
+    for key, value in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if key == "json" or value is False or (args.revisions_only and key not in only_revisions):
+            continue
+        flags.append(flag if value is True else f"{flag} {value}")
+    return " ".join(["python -m retire_bench.serving", *flags])
+
+
+def place_apart() -> dict[str, list[int]]:
+    """Pin this process to its first CPU and what it starts afterwards (the servers) to the
+    others, as a client on another machine would be: on a small machine a client that shares
+    the cores with the engine core and the API process can be starved for seconds (stock vLLM's
+    server included). Returns the placement; call before starting the servers, then
+    ``client_cpus`` once they are up."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--apart needs at least two CPUs")
+    os.sched_setaffinity(0, cpus[1:])
+    return {"client": cpus[:1], "servers": cpus[1:]}
+
+
+def client_cpus(placement: dict[str, list[int]] | None) -> None:
+    if placement is not None:
+        os.sched_setaffinity(0, placement["client"])
+
+
+def run_revisions(args: Any) -> dict[str, Any]:
+    """Only the revision trials, on one ``retire serve`` without the core log, once with each
+    reader of the old stream (alternating trial blocks would mix their backlogs: one after the
+    other): where a revision's time goes (its Server-Timing phases), per trial."""
+    placement = place_apart() if args.apart else None
+    tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
+    quiet = RetireServer(tmp / "retire-nolog", log=False)
+    client_cpus(placement)
+    report: dict[str, Any] = {
+        "command": _command(args),
+        "placement": placement or "shared: client and servers on every CPU",
+    }
+    try:
+        for reader in ("raw", "openai"):
+            revision = asyncio.run(_revision_latency(quiet, args.trials, reader))
+            report[f"revision_{reader}_reader_ms"] = _revision_summary(revision)
+            report[f"revision_{reader}_reader_trials_ms"] = _per_trial(revision)
+        quiet.check_clean()
+    finally:
+        quiet.close()
+    return report
+
+
 def run(args: Any) -> dict[str, Any]:
+    placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
     retire = RetireServer(tmp / "retire")
     quiet = RetireServer(tmp / "retire-nolog", log=False)
     stock = StockServer(tmp / "stock", retire.model)
+    client_cpus(placement)
     try:
         by: dict[str, list[dict[str, Any]]] = {"stock": [], "retire": [], "retire_nolog": []}
         for r in range(args.rounds):
             by["stock"].append(asyncio.run(_round(stock, False, args, f"s{r}")))
             by["retire"].append(asyncio.run(_round(retire, True, args, f"r{r}")))
             by["retire_nolog"].append(asyncio.run(_round(quiet, True, args, f"q{r}")))
-        revision = asyncio.run(_revision_latency(retire, args.trials))
-        revision_nolog = asyncio.run(_revision_latency(quiet, args.trials))
+        revision = asyncio.run(_revision_latency(retire, args.trials, args.reader))
+        revision_nolog = asyncio.run(_revision_latency(quiet, args.trials, args.reader))
         retire.check_clean()
         quiet.check_clean()
     finally:
@@ -191,8 +333,8 @@ def run(args: Any) -> dict[str, Any]:
     s, t = _summary(by["stock"]), _summary(by["retire"])
     q = _summary(by["retire_nolog"])
     report = {
-        "command": "python -m retire_bench.serving "
-        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
+        "command": _command(args),
+        "placement": placement or "shared: client and servers on every CPU",
         "stock": s,
         "retire": t,
         "retire_nolog": q,
@@ -201,6 +343,7 @@ def run(args: Any) -> dict[str, Any]:
         "added_itl_p50_percent": 100 * (t["itl_p50_ms"] / s["itl_p50_ms"] - 1),
         "revision_ms": _revision_summary(revision),
         "revision_nolog_ms": _revision_summary(revision_nolog),
+        "revision_nolog_trials_ms": _per_trial(revision_nolog),
         "core_log": verdict.strip(),
     }
     return report
@@ -208,9 +351,32 @@ def run(args: Any) -> dict[str, Any]:
 
 def _revision_summary(revision: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     return {
-        key: {"p50": 1000 * _pct(v, 0.5), "p99": 1000 * _pct(v, 0.99), "n": len(v)}
+        key: {"p50": 1000 * _pct(v, 0.5), "p99": 1000 * _pct(v, 0.99), "n": sum(x == x for x in v)}
         for key, v in revision.items()
     }
+
+
+def _per_trial(revision: dict[str, list[float]]) -> list[dict[str, float | None]]:
+    """Trial by trial, in ms (None: no such phase in that trial)."""
+    n = len(revision["revision_accepted"])
+    return [
+        {k: round(1000 * v[i], 3) if v[i] == v[i] else None for k, v in revision.items()}
+        for i in range(n)
+    ]
+
+
+def _print_revisions(report: dict[str, Any]) -> None:
+    for server, summary in (
+        ("retire", "revision_ms"),
+        ("retire_nolog", "revision_nolog_ms"),
+        ("retire_nolog, raw reader", "revision_raw_reader_ms"),
+        ("retire_nolog, openai reader", "revision_openai_reader_ms"),
+    ):
+        for key, v in report.get(summary, {}).items():
+            print(
+                f"revision ({server}), {key}: p50 {v['p50']:.2f} ms, p99 {v['p99']:.2f} ms "
+                f"({v['n']} trials)"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,10 +385,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=12, help="per client and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--trials", type=int, default=30, help="revision-latency trials")
+    p.add_argument(
+        "--revisions-only",
+        action="store_true",
+        help="only the revision trials (one retire serve, no core log), with their phases",
+    )
+    p.add_argument(
+        "--reader",
+        choices=("openai", "raw"),
+        default="openai",
+        help="how the revision trials read the old stream: the openai client's chunks, or raw "
+        "SSE lines fast enough to keep the socket drained (--revisions-only runs both)",
+    )
+    p.add_argument(
+        "--apart",
+        action="store_true",
+        help="the client on a CPU of its own, the servers on the others (a client on another "
+        "machine); default: all share every CPU",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     if min(args.clients, args.requests, args.rounds, args.trials) < 1:
         p.error("--clients, --requests, --rounds and --trials must be at least 1")
+    if args.revisions_only:
+        report = run_revisions(args)
+        _print_revisions(report)
+        if args.json is not None:
+            args.json.write_text(json.dumps(report, indent=2))
+        return 0
     report = run(args)
     print(f"{'':>12} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>8}")
     for name in ("stock", "retire", "retire_nolog"):
@@ -234,12 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("ratio_retire_over_stock", "ratio_retire_nolog_over_stock"):
         ratio = report[key]
         print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
-    for server, summary in (("retire", "revision_ms"), ("retire_nolog", "revision_nolog_ms")):
-        for key, v in report[summary].items():
-            print(
-                f"revision ({server}), {key}: p50 {v['p50']:.2f} ms, p99 {v['p99']:.2f} ms "
-                f"({v['n']} trials)"
-            )
+    _print_revisions(report)
     print(report["core_log"])
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))

@@ -1,8 +1,10 @@
-"""The data-parallel routing pieces of ``retire_vllm.serving.wire``, without vLLM.
+"""The data-parallel routing pieces of ``retire_vllm.serving.wire``, and its ``Server-Timing``,
+without vLLM.
 
 ``affinity`` must send every call on a scope to one engine, the same in every process (it is
 computed in the API process on each request) and spread scopes over the engines; ``merge_answers``
 must combine the engines' answers so that a leak on any one engine still shows.
+``server_timing`` must name each phase whose two moments are known, in milliseconds.
 """
 
 from __future__ import annotations
@@ -63,3 +65,31 @@ def test_merged_answers_keep_every_engines_leaks() -> None:
         "count": 4,
     }
     assert wire.merge_answers([clean, {**clean, "ok": False}])["ok"] is False
+
+
+def test_server_timing_names_each_phase_whose_ends_are_known() -> None:
+    moments = {"arrived": 10.0, "sent": 10.002, "received": 10.0125, "decided": 10.013}
+    header = wire.server_timing(moments)
+    parts = [p.split(";") for p in header.split(", ")]
+    assert [p[0] for p in parts] == ["retire-api", "retire-queue", "retire-authority"]
+    assert [float(p[1].removeprefix("dur=")) for p in parts] == [2.0, 10.5, 0.5]
+    assert all(p[2].startswith('desc="') and p[2].endswith('"') for p in parts)
+    answered = wire.server_timing({**moments, "carried_out": 10.015, "answered": 10.02})
+    assert answered.split(", ")[-2].startswith("retire-commands;dur=2.000;")
+    assert answered.split(", ")[-1].startswith("retire-admission;dur=5.000;")
+    assert wire.server_timing({"arrived": 1.0}) == ""
+
+
+def test_the_serving_benchmark_reads_the_header_back() -> None:
+    from retire_bench.serving import _server_timing
+
+    moments = {"arrived": 5.0, "sent": 5.25, "received": 5.5, "decided": 5.625}
+    read = _server_timing(wire.server_timing({**moments, "carried_out": 5.75, "answered": 6.0}))
+    assert read == {
+        "retire-api": 250.0,
+        "retire-queue": 250.0,
+        "retire-authority": 125.0,
+        "retire-commands": 125.0,
+        "retire-admission": 250.0,
+    }
+    assert _server_timing("") == {}

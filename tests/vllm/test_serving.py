@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from retire_bench.servers import CLIENT_TIMEOUT_S, HTTP, RetireServer, StockServer
 from retire_vllm.client import ScopeReader, read_stream, scoped, stamp
+from retire_vllm.serving import wire
 
 pytestmark = pytest.mark.vllm
 
@@ -649,6 +650,32 @@ def test_headers_put_a_request_under_a_scope(
     assert r.json()["retire"] == {"scope": "hdr", "version": 0}
     assert r.headers["x-retire-version"] == "0"
     assert cancel(retire_server, "hdr", "acme").status_code == 200
+
+
+def test_a_scoped_response_says_where_its_opening_spent_its_time(
+    retire_server: RetireServer,
+) -> None:
+    """``Server-Timing`` on a scope's responses (a new scope and a revision of it): every phase
+    of ``wire.SERVER_TIMING_PHASES`` once, in order, none negative, together within the time
+    the client waited; a request without a scope carries none."""
+    body = {"model": retire_server.model, "max_tokens": 3, "temperature": 0}
+    phases = list(wire.SERVER_TIMING_NAMES)
+    for prompt in ("hello there", "hello again"):
+        began = time.time()
+        r = HTTP.post(
+            f"{retire_server.base}/v1/completions",
+            headers={"x-retire-scope": "timed"},
+            json={**body, "prompt": prompt},
+        )
+        waited_ms = 1000 * (time.time() - began)
+        assert r.status_code == 200, r.text
+        metrics = [m.split(";") for m in r.headers["server-timing"].split(", ")]
+        assert [m[0] for m in metrics] == phases
+        durations = [float(m[1].removeprefix("dur=")) for m in metrics]
+        assert min(durations) >= 0 and sum(durations) <= waited_ms, durations
+    plain = HTTP.post(f"{retire_server.base}/v1/completions", json={**body, "prompt": "hi"})
+    assert plain.status_code == 200 and "server-timing" not in plain.headers
+    assert cancel(retire_server, "timed").status_code == 200
 
 
 def test_core_log_is_written(retire_server: RetireServer) -> None:

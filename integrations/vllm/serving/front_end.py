@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -31,7 +32,8 @@ from . import wire
 
 @attrs.define
 class RequestContext:
-    """One HTTP request's scope (from headers) and, once opened, its version (for stamping)."""
+    """One HTTP request's scope (from headers) and, once opened, its version (for stamping) and
+    the wall-clock moments of its opening (``wire.server_timing``)."""
 
     scope: str | None = None
     tenant: str | None = None
@@ -39,6 +41,7 @@ class RequestContext:
     version: int | None = None
     fence: str | None = None  # the finish reason the stream ended with, when fenced
     error: wire.ScopeRequestError | None = None
+    moments: dict[str, float] = attrs.field(factory=lambda: {"arrived": time.time()})
 
 
 #: Set by ``http.RetireMiddleware`` around each generation request.
@@ -120,6 +123,7 @@ class RetireAsyncLLM(AsyncLLM):
                 yield out
             return
         tenant = args.get(wire.XARG_TENANT) or (ctx.tenant if ctx else None)
+        sent = time.time()
         opening = asyncio.ensure_future(
             self._open(str(scope), tenant or wire.DEFAULT_TENANT, prompt, args, sampling_params)
         )
@@ -135,6 +139,7 @@ class RetireAsyncLLM(AsyncLLM):
         version = int(answer["version"])
         if ctx is not None:
             ctx.opened_scope, ctx.version = str(scope), version
+            ctx.moments.update(sent=sent, **answer.get("timing", {}), answered=time.time())
         if "fence" in answer:  # revised or cancelled before it was admitted: it ran nothing
             if ctx is not None:
                 ctx.fence = str(answer["fence"])

@@ -4,7 +4,8 @@ Installed through vLLM's own ``--middleware`` option (an ASGI class), so the ser
 stays vLLM's. For ``/v1/completions`` and ``/v1/chat/completions`` it reads the scope headers into
 the request's ``RequestContext`` (``front_end`` reads them when ``vllm_xargs`` names no scope),
 stamps every JSON object of a scoped response with ``"retire": {"scope", "version"}`` (each SSE
-chunk and the non-streaming body) and its headers with ``x-retire-version``, and turns a refused
+chunk and the non-streaming body) and its headers with ``x-retire-version`` and a
+``Server-Timing`` of its opening (``wire.server_timing``), and turns a refused
 scope request into an HTTP 4xx in OpenAI's error format instead of vLLM's in-stream error event.
 It answers the scope routes: ``GET /v1/scopes/{scope}`` and
 ``POST /v1/scopes/{scope}/cancel|pause|resume``, ``GET /v1/retire/leaks`` and
@@ -165,6 +166,7 @@ class _StampingSend:
                 headers = [
                     *start["headers"],
                     (wire.HEADER_VERSION.encode(), str(ctx.version).encode()),
+                    (b"server-timing", wire.server_timing(ctx.moments).encode()),
                 ]
                 if not message.get("more_body", False):
                     headers = _with_length(headers, len(body))

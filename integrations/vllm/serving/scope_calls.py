@@ -54,6 +54,7 @@ class ScopeCalls:
         self.side = side
 
     def op_open(self, payload: dict[str, Any]) -> Any:
+        received = time.time()  # wall clock: the API process compares it with its own
         scope = check_name(payload.get("scope"), "scope")
         tenant = check_name(payload.get("tenant"), "tenant")
         tokens = tuple(int(t) for t in payload["prompt_token_ids"])
@@ -83,6 +84,7 @@ class ScopeCalls:
             event = Supersede(scope, context, contract)
         started = time.perf_counter()
         commands = self.side.decide([event])  # raises (and changes nothing) when refused
+        decided = time.time()
         if info is None:
             info = self.side.scopes[scope] = ScopeInfo(tenant, time.monotonic())
         version = self.side.core.current_version(scope)
@@ -92,6 +94,7 @@ class ScopeCalls:
         self.side.opening[(scope, version)] = future
         fenced = self._fenced_versions(commands)
         self.side.commands.run(commands)
+        carried_out = time.time()  # the fences' terminal outputs are on the output queue
         self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
         self._settle_openings(scope)
         if record is not None:
@@ -99,10 +102,19 @@ class ScopeCalls:
             self.side.cleanup.observe(time.perf_counter() - started)
         else:
             self.side.count("submits")
+        timing = {"received": received, "decided": decided, "carried_out": carried_out}
         if future.done():
             answer = future.result()
             answer["fenced"] = fenced
+            answer["timing"] = timing
             return answer
+
+        def stamp(answered: Future[dict[str, Any]]) -> None:
+            # runs before the reply is sent: vLLM adds its callback to the future it is handed
+            if not answered.cancelled() and answered.exception() is None:
+                answered.result()["timing"] = timing
+
+        future.add_done_callback(stamp)
         return future  # answered by the Admit (vLLM defers the utility reply)
 
     def op_abandon(self, payload: dict[str, Any]) -> dict[str, Any]:

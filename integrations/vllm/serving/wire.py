@@ -4,14 +4,15 @@ The names of the request arguments that put a request under a scope, the one uti
 its operations, the marker a fence's terminal output carries, the finish reasons a client sees,
 how a refusal travels back (an error dict, never an exception) and becomes an HTTP error in
 OpenAI's format, and with data parallelism which engine a scope lives on (``affinity``) and how
-the answers of every engine to a call without a scope combine (``merge_answers``). Nothing here
+the answers of every engine to a call without a scope combine (``merge_answers``), and the
+``Server-Timing`` a scoped response carries (``server_timing``). Nothing here
 decides protocol: errors are the core's typed errors, classified by name.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: ``vllm_xargs`` keys a client sends (``extra_body={"vllm_xargs": {...}}``).
@@ -130,3 +131,27 @@ def _merge(key: str, a: Any, b: Any) -> Any:
             return [x + y for x, y in zip(a, b, strict=True)]
         return a + b
     return a
+
+
+#: A scoped response's ``Server-Timing`` metrics: (name, from moment, to moment, what it covers).
+#: The engine core's moments are its wall clock, comparable on one host. No comma in a
+#: description: a header value's metrics are separated by commas.
+SERVER_TIMING_PHASES = (
+    ("retire-api", "arrived", "sent", "API process before the authority is asked"),
+    ("retire-queue", "sent", "received", "to the engine core behind the step in flight"),
+    ("retire-authority", "received", "decided", "block identities and the core's decision"),
+    ("retire-commands", "decided", "carried_out", "the commands carried out: fences and pins"),
+    ("retire-admission", "carried_out", "answered", "admission and the reply back"),
+)
+
+SERVER_TIMING_NAMES = tuple(name for name, *_ in SERVER_TIMING_PHASES)
+
+
+def server_timing(moments: Mapping[str, float]) -> str:
+    """The ``Server-Timing`` header value (W3C) for a request opened at these moments: one metric
+    per phase whose two ends are known, in milliseconds."""
+    return ", ".join(
+        f'{name};dur={1000 * (moments[end] - moments[start]):.3f};desc="{what}"'
+        for name, start, end, what in SERVER_TIMING_PHASES
+        if start in moments and end in moments
+    )
