@@ -1,0 +1,51 @@
+"""The serving benchmark's bookkeeping (no server): a trial without a phase is left out of that
+phase's percentiles and counts, shows as ``None`` trial by trial, and the report's command line
+repeats the run with only the options that run used."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from retire_bench.serving import _command, _pct, _per_trial, _revision_summary
+
+NAN = float("nan")
+
+
+def test_a_phase_a_trial_did_not_have_is_left_out() -> None:
+    revision = {
+        "old_stream_closed": [0.010, NAN, 0.030],
+        "old_version_finished_first": [NAN, 0.500, NAN],
+        "revision_accepted": [0.020, 0.040, 0.060],
+    }
+    summary = _revision_summary(revision)
+    assert summary["old_stream_closed"]["n"] == 2
+    assert summary["old_stream_closed"]["p50"] == 30.0
+    assert summary["old_version_finished_first"] == {"p50": 500.0, "p99": 500.0, "n": 1}
+    assert summary["revision_accepted"]["p50"] == 40.0
+    trials = _per_trial(revision)
+    assert trials[1] == {
+        "old_stream_closed": None,
+        "old_version_finished_first": 500.0,
+        "revision_accepted": 40.0,
+    }
+    assert math.isnan(_pct([NAN], 0.5)) and math.isnan(_pct([], 0.5))
+
+
+def test_the_command_repeats_the_run() -> None:
+    full = argparse.Namespace(
+        clients=4,
+        requests=8,
+        rounds=2,
+        trials=30,
+        revisions_only=False,
+        reader="raw",
+        apart=True,
+        json="x.json",
+    )
+    assert _command(full) == (
+        "python -m retire_bench.serving --clients 4 --requests 8 --rounds 2 --trials 30 "
+        "--reader raw --apart"
+    )
+    only = argparse.Namespace(**{**vars(full), "revisions_only": True, "apart": False})
+    assert _command(only) == "python -m retire_bench.serving --trials 30 --revisions-only"
