@@ -18,10 +18,9 @@ runs just these trials on one server, once with each reader of the old stream: `
 lines, a reader that keeps up) and ``openai`` (the client's chunks); ``--reader`` picks one for
 the full run. ``--apart`` puts the client on a CPU of its own and the servers on the others,
 as a client on another machine (sharing two cores, the client itself is starved for seconds at
-times, against stock vLLM's server as against ``retire serve``). The client reads every
-stream through
-``retire_vllm.client.each_chunk``, so a long old stream does not hold up the revision sent
-beside it.
+times, against stock vLLM's server as against ``retire serve``). The client reads every stream
+through ``retire_vllm.client.each_chunk``, so a long old stream does not hold up the revision
+sent beside it.
 
 ``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
 [--revisions-only] [--reader openai|raw] [--apart] [--json PATH]``
@@ -215,15 +214,12 @@ async def _revision_latency(
         out["revision_accepted"].append(time.perf_counter() - sent)
         phases = _server_timing(raw.headers.get("server-timing", ""))
         for name in wire.SERVER_TIMING_NAMES:
-            out.setdefault(name, []).append(phases.get(name, nan * 1000) / 1000)
+            out.setdefault(name, []).append(phases[name] / 1000 if name in phases else nan)
         ended_at, reason = await end
         superseded = reason == wire.FINISH_SUPERSEDED
         out["old_stream_closed"].append(ended_at - sent if superseded else nan)
         out["old_version_finished_first"].append(nan if superseded else ended_at - sent)
-        before = sum(
-            out[n][-1]
-            for n in ("retire-api", "retire-queue", "retire-authority", "retire-commands")
-        )
+        before = sum(out[n][-1] for n in wire.SERVER_TIMING_NAMES[:-1])  # all but admission
         out["rest-to-old-stream-closed"].append(ended_at - sent - before if superseded else nan)
         await read_stream(new)
         await reader
