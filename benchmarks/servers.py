@@ -52,6 +52,32 @@ def pool_options(blocks: int) -> list[str]:
     ]
 
 
+def model_options(model: str, blocks: int) -> list[str]:
+    """The engine options both kinds of server get for ``model`` (a locally built default model
+    of any size) with a KV pool of ``blocks`` blocks: fp32, 32-token blocks, eager, the cached
+    tokens in ``usage``, then ``ENGINE_OPTIONS``."""
+    from retire_vllm.engine_config import engine_kwargs
+
+    kw = engine_kwargs(model, num_blocks=blocks)
+    return [
+        "--dtype",
+        "float32",
+        "--block-size",
+        str(kw["block_size"]),
+        "--kv-cache-memory-bytes",
+        str(kw["kv_cache_memory_bytes"]),
+        "--num-gpu-blocks-override",
+        str(kw["num_gpu_blocks_override"]),
+        "--max-model-len",
+        str(kw["max_model_len"]),
+        "--max-num-batched-tokens",
+        str(kw["max_num_batched_tokens"]),
+        "--enforce-eager",
+        "--enable-prompt-tokens-details",
+        *ENGINE_OPTIONS,
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -228,35 +254,8 @@ class RetireServer(Server):
 
 class StockServer(Server):
     def __init__(self, tmp: Path, model: str, options: list[str] | None = None) -> None:
-        """``options``: every engine option, in place of the defaults below (``--model`` too)."""
-        from retire_vllm.engine_config import engine_kwargs
-
-        if options is not None:
-            entry = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-            super().__init__([*entry, *options], tmp, "stock")
-            return
-
-        kw = engine_kwargs(model, num_blocks=1024)
-        argv = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
-            "--dtype",
-            "float32",
-            "--block-size",
-            str(kw["block_size"]),
-            "--kv-cache-memory-bytes",
-            str(kw["kv_cache_memory_bytes"]),
-            "--num-gpu-blocks-override",
-            str(kw["num_gpu_blocks_override"]),
-            "--max-model-len",
-            str(kw["max_model_len"]),
-            "--max-num-batched-tokens",
-            str(kw["max_num_batched_tokens"]),
-            "--enforce-eager",
-            "--enable-prompt-tokens-details",
-            *ENGINE_OPTIONS,
-        ]
-        super().__init__(argv, tmp, "stock")
+        """``options``: every engine option (``--model`` too), in place of ``model`` with
+        ``model_options``."""
+        entry = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        argv = options if options is not None else ["--model", model, *model_options(model, 1024)]
+        super().__init__([*entry, *argv], tmp, "stock")

@@ -1,15 +1,19 @@
 """Serving overhead: stock vLLM's OpenAI server against ``retire serve``, one run, one machine.
 
 Both servers run the same model with the same engine settings, side by side; rounds alternate
-between them so that drift in the machine's speed hits both. A round is a steady load of
-streaming completions from concurrent clients (the real ``openai`` client), without revisions:
-against ``retire serve`` every request opens its own scope (the scopes are cancelled after the
-round, outside the timing). Two ``retire serve`` servers run: one writing the core's transition
-log (``--retire-log``, validated at the end), one without it (``retire_nolog``). Reported per
-server: time to first token and inter-token latency
-(p50, p99; a request's inter-token latency is the time from its first token to its last over the
-tokens in between, as vLLM's own benchmark defines it: chunks reach a client in bursts), completion
-tokens per second; and Retire over stock as ratios. Then the revision
+between them (each round starting with the next server) so that drift in the machine's speed
+hits all. A round is a steady load of streaming completions from concurrent clients (the real
+``openai`` client), without revisions, on prompts no earlier round sent (a repeat would be a
+prefix cache hit for stock vLLM only: every Retire scope has its own cache salt): against
+``retire serve`` every request opens its own scope (the scopes are cancelled after the round,
+outside the timing). Two ``retire serve`` servers run: one writing the core's transition log
+(``--retire-log``, validated at the end), one without it (``retire_nolog``). Reported per
+server: time to first token and inter-token latency (p50, p99; a request's inter-token latency
+is the time from its first token to its last over the tokens in between, as vLLM's own
+benchmark defines it: chunks reach a client in bursts), completion tokens per second, each
+round's ITL p50; Retire over stock as ratios; and, for the Retire servers, the engine core's own
+account of Retire's time during the rounds (``retire_engine_*`` on ``/metrics``: its hooks inside
+the steps per step and as a share of the step). Then the revision
 latency over HTTP, on each ``retire serve`` server: from sending a revision to the arrival of the
 old stream's terminal (``superseded``) chunk at the client, and to the revision's response headers
 (accepted), split into the revision's ``Server-Timing`` phases (``retire_vllm.serving.wire``)
@@ -18,12 +22,14 @@ runs just these trials on one server, once with each reader of the old stream: `
 lines, a reader that keeps up) and ``openai`` (the client's chunks); ``--reader`` picks one for
 the full run. ``--apart`` puts the client on a CPU of its own and the servers on the others,
 as a client on another machine (sharing two cores, the client itself is starved for seconds at
-times, against stock vLLM's server as against ``retire serve``). The client reads every stream
-through ``retire_vllm.client.each_chunk``, so a long old stream does not hold up the revision
-sent beside it.
+times, against stock vLLM's server as against ``retire serve``). ``--model-size small`` runs both
+servers on a larger locally built model, whose heavier step shows how Retire's per-step cost
+compares with a model step longer than the tiny model's few milliseconds. The client reads every
+stream through ``retire_vllm.client.each_chunk``, so a long old stream does not hold up the
+revision sent beside it.
 
 ``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
-[--revisions-only] [--reader openai|raw] [--apart] [--json PATH]``
+[--revisions-only] [--reader openai|raw] [--apart] [--model-size tiny|small] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +49,9 @@ import openai
 
 from retire_vllm.client import each_chunk, read_stream, scoped
 from retire_vllm.serving import wire
+from retire_vllm.serving.records import ENGINE_HOOKS
 
-from .servers import CLIENT_TIMEOUT_S, RetireServer, Server, StockServer
+from .servers import CLIENT_TIMEOUT_S, RetireServer, Server, StockServer, model_options
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -58,6 +66,19 @@ def _prompt(seed: int, n: int) -> list[int]:
 
     rng = random.Random(seed)
     return [rng.randrange(10, 2000) for _ in range(n)]
+
+
+#: The prompt seeds of the revision trials: ``REVISION_SEEDS + trial`` (old version) and
+#: ``REVISION_SEEDS + 1000 + trial`` (its revision).
+REVISION_SEEDS = 5000
+
+
+def load_seed(round_no: int, client: int, request: int) -> int:
+    """The prompt seed of a load request: unique per (round, client, request) for up to 1,000
+    clients and requests each, and apart from the revision trials' seeds."""
+    if not (0 <= client < 1000 and 0 <= request < 1000 and round_no >= 0):
+        raise ValueError(f"no load seed for round {round_no}, client {client}, request {request}")
+    return 1_000_000 * (round_no + 1) + 1000 * client + request
 
 
 async def _one(
@@ -86,7 +107,12 @@ async def _one(
     return {"ttft": first - t0, "itl": (last - first) / (max_tokens - 1)}
 
 
-async def _round(server: Server, scoped_requests: bool, args: Any, tag: str) -> dict[str, Any]:
+async def _round(
+    server: Server, scoped_requests: bool, args: Any, tag: str, round_no: int
+) -> dict[str, Any]:
+    """One round of load. Every round sends prompts no round sent before (to any server): a
+    repeated prompt would be a prefix cache hit for stock vLLM, whereas each Retire scope has a
+    cache salt of its own, so the two would not be doing the same work."""
     c = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
     scopes: list[str] = []
 
@@ -96,14 +122,17 @@ async def _round(server: Server, scoped_requests: bool, args: Any, tag: str) -> 
             scope = f"bench-{tag}-{k}-{i}" if scoped_requests else None
             if scope:
                 scopes.append(scope)
-            out.append(await _one(c, server.model, _prompt(k * 1000 + i, 128), 64, scope))
+            prompt = _prompt(load_seed(round_no, k, i), 128)
+            out.append(await _one(c, server.model, prompt, 64, scope))
         return out
 
+    before = await _engine_time(server) if scoped_requests else None
     t0 = time.perf_counter()
     results = [
         r for rs in await asyncio.gather(*(client(k) for k in range(args.clients))) for r in rs
     ]
     wall = time.perf_counter() - t0
+    engine = _minus(await _engine_time(server), before) if before is not None else None
     async with httpx.AsyncClient() as h:
         for scope in scopes:
             (await h.post(f"{server.base}/v1/scopes/{scope}/cancel")).raise_for_status()
@@ -113,7 +142,98 @@ async def _round(server: Server, scoped_requests: bool, args: Any, tag: str) -> 
         "itl": [r["itl"] for r in results],
         "tokens": 64 * len(results),
         "wall": wall,
+        "engine_time": engine,
     }
+
+
+async def _engine_time(server: Server) -> dict[str, float]:
+    """The engine core's time in Retire's hooks and in steps, so far (``retire_engine_*`` on
+    ``/metrics``): seconds by hook, ``step_seconds``, ``steps``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as h:
+        text = (await h.get(f"{server.base}/metrics")).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "retire_engine_hook_seconds_total":
+                out[sample.labels["hook"]] = sample.value
+            elif sample.name == "retire_engine_step_seconds_total":
+                out["step_seconds"] = sample.value
+            elif sample.name == "retire_engine_steps_total":
+                out["steps"] = sample.value
+    return out
+
+
+def _minus(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before.get(key, 0.0) for key in after}
+
+
+def engine_share(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Retire's part of the engine core's steps over ``rounds`` (their ``engine_time``): the
+    in-step hooks (schedule, commit) per step and as a share of the steps' wall time, and the
+    hooks between steps (utility calls, added requests, requests finished from outside) per
+    step."""
+    total: dict[str, float] = {}
+    for r in rounds:
+        for key, value in r["engine_time"].items():
+            total[key] = total.get(key, 0.0) + value
+    steps = total.get("steps", 0.0)
+    if not steps:
+        raise ValueError("no engine step was measured")
+    in_step = total["schedule"] + total["commit"]
+    between = total["utility"] + total["add_request"] + total["finished_outside"]
+    return {
+        "steps": steps,
+        "step_ms": 1000 * total["step_seconds"] / steps,
+        "in_step_us_per_step": 1e6 * in_step / steps,
+        "in_step_share": in_step / total["step_seconds"],
+        "between_steps_us_per_step": 1e6 * between / steps,
+        **{f"{hook}_us_per_step": 1e6 * total[hook] / steps for hook in ENGINE_HOOKS},
+    }
+
+
+class _OldStream:
+    """The stream a revision supersedes, as a trial watches it: ``started`` once its third chunk
+    arrived (the revision is sent then), ``end`` (arrival time, finish reason) at its last."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.end: asyncio.Future[tuple[float, str]] = asyncio.get_running_loop().create_future()
+
+    def saw(self, n: int, reason: str | None) -> None:
+        """The ``n``-th chunk arrived, carrying ``reason`` (None: not the last)."""
+        if n == 3:
+            self.started.set()
+        if reason is not None and not self.end.done():
+            self.end.set_result((time.perf_counter(), reason))
+
+    async def read(self, reading: Coroutine[Any, Any, None]) -> None:
+        await reading
+        if not self.end.done():
+            self.end.set_result((float("nan"), "no finish reason"))
+
+
+async def _read_openai(c: openai.AsyncOpenAI, body: dict[str, Any], old: _OldStream) -> None:
+    """Read the old stream through the ``openai`` client's chunks, as an application does."""
+    stream = await c.completions.create(**body)
+    n = 0
+    async for chunk in each_chunk(stream):
+        n += 1
+        old.saw(n, chunk.choices[0].finish_reason if chunk.choices else None)
+
+
+async def _read_raw(h: httpx.AsyncClient, url: str, body: dict[str, Any], old: _OldStream) -> None:
+    """Read the old stream as raw SSE lines, fast enough to keep its socket drained."""
+    payload = {**{k: v for k, v in body.items() if k != "extra_body"}, **body["extra_body"]}
+    async with h.stream("POST", url, json=payload) as response:
+        n = 0
+        async for line in response.aiter_lines():
+            await asyncio.sleep(0)  # buffered lines are read without suspending
+            if line.startswith("data: {"):
+                n += 1
+                ended = '"finish_reason":"' in line  # parse only the last chunk
+                old.saw(n, json.loads(line[6:])["choices"][0]["finish_reason"] if ended else None)
 
 
 async def _revision_latency(
@@ -145,66 +265,31 @@ async def _revision_latency(
     }
     for t in range(trials):
         scope = f"rev-{reader_kind}-{t}"
-        end: asyncio.Future[tuple[float, str]] = asyncio.get_running_loop().create_future()
-        started = asyncio.Event()
+        old = _OldStream()
         body = {
             "model": server.model,
-            "prompt": _prompt(5000 + t, 96),
+            "prompt": _prompt(REVISION_SEEDS + t, 96),
             "max_tokens": 1500,
             "temperature": 0,
             "stream": True,
+            "extra_body": {"ignore_eos": True, **scoped(scope)},
         }
-
-        def saw(
-            n: int,
-            reason: str | None,
-            done: asyncio.Future[tuple[float, str]] = end,
-            first: asyncio.Event = started,
-        ) -> None:
-            if n == 3:
-                first.set()
-            if reason is not None and not done.done():
-                done.set_result((time.perf_counter(), reason))
-
-        extra = {"ignore_eos": True, **scoped(scope)}
-
-        async def read_openai(body: dict[str, Any] = body, extra: dict[str, Any] = extra) -> None:
-            stream = await c.completions.create(**body, extra_body=extra)
-            n = 0
-            async for chunk in each_chunk(stream):
-                n += 1
-                saw(n, chunk.choices[0].finish_reason if chunk.choices else None)
-
-        async def read_raw(body: dict[str, Any] = body, extra: dict[str, Any] = extra) -> None:
-            url = f"{server.base}/v1/completions"
-            async with h.stream("POST", url, json={**body, **extra}) as response:
-                n = 0
-                async for line in response.aiter_lines():
-                    await asyncio.sleep(0)  # buffered lines are read without suspending
-                    if line.startswith("data: {"):
-                        n += 1
-                        ended = '"finish_reason":"' in line  # parse only the last chunk
-                        saw(
-                            n,
-                            json.loads(line[6:])["choices"][0]["finish_reason"] if ended else None,
-                        )
-
-        async def read(done: asyncio.Future[tuple[float, str]] = end) -> None:
-            await (read_raw() if reader_kind == "raw" else read_openai())
-            if not done.done():
-                done.set_result((nan, "no finish reason"))
-
-        reader = asyncio.create_task(read())
-        waiting = asyncio.create_task(started.wait())
+        reading = (
+            _read_raw(h, f"{server.base}/v1/completions", body, old)
+            if reader_kind == "raw"
+            else _read_openai(c, body, old)
+        )
+        reader = asyncio.create_task(old.read(reading))
+        waiting = asyncio.create_task(old.started.wait())
         await asyncio.wait((reader, waiting), return_when=asyncio.FIRST_COMPLETED)
-        if not started.is_set():  # the old stream failed or ended at once: say why
+        if not old.started.is_set():  # the old stream failed or ended at once: say why
             waiting.cancel()
             await reader
             raise RuntimeError(f"trial {t}: the old stream ended before its third chunk")
         sent = time.perf_counter()
         raw = await c.completions.with_raw_response.create(
             model=server.model,
-            prompt=_prompt(6000 + t, 96),
+            prompt=_prompt(REVISION_SEEDS + 1000 + t, 96),
             max_tokens=2,
             temperature=0,
             stream=True,
@@ -215,7 +300,7 @@ async def _revision_latency(
         phases = _server_timing(raw.headers.get("server-timing", ""))
         for name in wire.SERVER_TIMING_NAMES:
             out.setdefault(name, []).append(phases[name] / 1000 if name in phases else nan)
-        ended_at, reason = await end
+        ended_at, reason = await old.end
         superseded = reason == wire.FINISH_SUPERSEDED
         out["old_stream_closed"].append(ended_at - sent if superseded else nan)
         out["old_version_finished_first"].append(nan if superseded else ended_at - sent)
@@ -255,7 +340,7 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
 def _command(args: Any) -> str:
     """The command line that repeats this run."""
     flags = []
-    only_revisions = ("trials", "revisions_only", "apart")
+    only_revisions = ("trials", "revisions_only", "apart", "model_size")
     for key, value in vars(args).items():
         flag = "--" + key.replace("_", "-")
         if key == "json" or value is False or (args.revisions_only and key not in only_revisions):
@@ -282,13 +367,24 @@ def client_cpus(placement: dict[str, list[int]] | None) -> None:
         os.sched_setaffinity(0, placement["client"])
 
 
+def retire_server(tmp: Path, model_size: str, *, log: bool = True) -> RetireServer:
+    """``retire serve`` with the embedded default model (``tiny``: its own defaults) or a larger
+    locally built one (the engine options stock vLLM's server gets for it, ``model_options``)."""
+    if model_size == "tiny":
+        return RetireServer(tmp, log=log)
+    from retire_vllm.default_model import ensure_default_model
+
+    model = str(ensure_default_model(size=model_size))
+    return RetireServer(tmp, options=[model, *model_options(model, 1024)], log=log)
+
+
 def run_revisions(args: Any) -> dict[str, Any]:
     """Only the revision trials, on one ``retire serve`` without the core log, once with each
     reader of the old stream (alternating trial blocks would mix their backlogs: one after the
     other): where a revision's time goes (its Server-Timing phases), per trial."""
     placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
-    quiet = RetireServer(tmp / "retire-nolog", log=False)
+    quiet = retire_server(tmp / "retire-nolog", args.model_size, log=False)
     client_cpus(placement)
     report: dict[str, Any] = {
         "command": _command(args),
@@ -308,16 +404,18 @@ def run_revisions(args: Any) -> dict[str, Any]:
 def run(args: Any) -> dict[str, Any]:
     placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
-    retire = RetireServer(tmp / "retire")
-    quiet = RetireServer(tmp / "retire-nolog", log=False)
+    retire = retire_server(tmp / "retire", args.model_size)
+    quiet = retire_server(tmp / "retire-nolog", args.model_size, log=False)
     stock = StockServer(tmp / "stock", retire.model)
     client_cpus(placement)
     try:
         by: dict[str, list[dict[str, Any]]] = {"stock": [], "retire": [], "retire_nolog": []}
+        servers = [("stock", stock, False), ("retire", retire, True), ("retire_nolog", quiet, True)]
         for r in range(args.rounds):
-            by["stock"].append(asyncio.run(_round(stock, False, args, f"s{r}")))
-            by["retire"].append(asyncio.run(_round(retire, True, args, f"r{r}")))
-            by["retire_nolog"].append(asyncio.run(_round(quiet, True, args, f"q{r}")))
+            # the same prompts for the three servers in a round, new ones in the next; each
+            # round starts with the next server, so none always runs first
+            for name, server, scoped_requests in servers[r % 3 :] + servers[: r % 3]:
+                by[name].append(asyncio.run(_round(server, scoped_requests, args, f"{name}{r}", r)))
         revision = asyncio.run(_revision_latency(retire, args.trials, args.reader))
         revision_nolog = asyncio.run(_revision_latency(quiet, args.trials, args.reader))
         retire.check_clean()
@@ -337,6 +435,13 @@ def run(args: Any) -> dict[str, Any]:
         "ratio_retire_over_stock": {k: t[k] / s[k] for k in s},
         "ratio_retire_nolog_over_stock": {k: q[k] / s[k] for k in s},
         "added_itl_p50_percent": 100 * (t["itl_p50_ms"] / s["itl_p50_ms"] - 1),
+        # what the engine side measured of itself during the same rounds
+        "engine_time_retire": engine_share(by["retire"]),
+        "engine_time_retire_nolog": engine_share(by["retire_nolog"]),
+        # the spread between rounds, beside the difference between servers
+        "itl_p50_ms_per_round": {
+            name: [_summary([x])["itl_p50_ms"] for x in by[name]] for name in by
+        },
         "revision_ms": _revision_summary(revision),
         "revision_nolog_ms": _revision_summary(revision_nolog),
         "revision_nolog_trials_ms": _per_trial(revision_nolog),
@@ -399,10 +504,19 @@ def main(argv: list[str] | None = None) -> int:
         help="the client on a CPU of its own, the servers on the others (a client on another "
         "machine); default: all share every CPU",
     )
+    p.add_argument(
+        "--model-size",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="the locally built model both servers run: tiny (the default model, steps of a few "
+        "ms here) or small (hidden 512, 4 layers: a heavier step)",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     if min(args.clients, args.requests, args.rounds, args.trials) < 1:
         p.error("--clients, --requests, --rounds and --trials must be at least 1")
+    if max(args.clients, args.requests, args.trials) > 1000:
+        p.error("--clients, --requests and --trials must be at most 1,000 (distinct prompts)")
     if args.revisions_only:
         report = run_revisions(args)
         _print_revisions(report)
@@ -420,6 +534,13 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("ratio_retire_over_stock", "ratio_retire_nolog_over_stock"):
         ratio = report[key]
         print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
+    for name in ("retire", "retire_nolog"):
+        e = report[f"engine_time_{name}"]
+        print(
+            f"{name} engine core: step {e['step_ms']:.2f} ms, Retire inside steps "
+            f"{e['in_step_us_per_step']:.0f} us/step ({100 * e['in_step_share']:.1f}%), "
+            f"between steps {e['between_steps_us_per_step']:.0f} us/step"
+        )
     _print_revisions(report)
     print(report["core_log"])
     if args.json is not None:

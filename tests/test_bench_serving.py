@@ -7,7 +7,16 @@ from __future__ import annotations
 import argparse
 import math
 
-from retire_bench.serving import _command, _pct, _per_trial, _revision_summary
+import pytest
+
+from retire_bench.serving import (
+    REVISION_SEEDS,
+    _command,
+    _pct,
+    _per_trial,
+    _revision_summary,
+    load_seed,
+)
 
 NAN = float("nan")
 
@@ -41,11 +50,26 @@ def test_the_command_repeats_the_run() -> None:
         revisions_only=False,
         reader="raw",
         apart=True,
+        model_size="small",
         json="x.json",
     )
     assert _command(full) == (
         "python -m retire_bench.serving --clients 4 --requests 8 --rounds 2 --trials 30 "
-        "--reader raw --apart"
+        "--reader raw --apart --model-size small"
     )
     only = argparse.Namespace(**{**vars(full), "revisions_only": True, "apart": False})
-    assert _command(only) == "python -m retire_bench.serving --trials 30 --revisions-only"
+    assert _command(only) == (
+        "python -m retire_bench.serving --trials 30 --revisions-only --model-size small"
+    )
+
+
+def test_no_load_prompt_is_sent_twice() -> None:
+    """A prompt repeated in a later round would be a prefix cache hit for stock vLLM's server
+    only (every Retire scope has its own cache salt): the two would not do the same work."""
+    grid = [(r, k, i) for r in range(6) for k in range(8) for i in (0, 1, 998, 999)]
+    seeds = [load_seed(*cell) for cell in grid]
+    assert len(set(seeds)) == len(grid)
+    trials = range(REVISION_SEEDS, REVISION_SEEDS + 2000)
+    assert not set(seeds) & set(trials)
+    with pytest.raises(ValueError):
+        load_seed(0, 1000, 0)

@@ -13,8 +13,9 @@ nothing to replay.
 Where the log goes (``log_path_for``): the ``log_path`` the caller gives, else a file in the
 directory named by ``RETIRE_CORE_LOG_DIR`` (the vLLM test suite sets it for every test), else
 nowhere (the core then logs through the caller's logger, or not at all). The serving path's
-engine side writes its log as it goes instead (``json_lines_logger``), or logs nothing
-(``NullLogger``); with data parallelism each engine core writes its own (``engine_log_path``).
+engine side writes its log as it goes instead (``JsonLinesBuffer``, flushed at the end of each
+of its hooks), or logs nothing (``NullLogger``); with data parallelism each engine core writes
+its own (``engine_log_path``).
 """
 
 from __future__ import annotations
@@ -134,11 +135,44 @@ __all__ = ["LOG_DIR_ENV", "CoreLog", "TraceRejected", "log_path_for", "unfinishe
 
 
 class NullLogger:
+    def flush(self, durable: bool = False) -> None:
+        return None
+
     def is_enabled_for(self, level: int) -> bool:
         return False  # the core then builds no log fields at all
 
     def info(self, *_: Any, **__: Any) -> None:
         return None
+
+
+class JsonLinesBuffer:
+    """A structlog-compatible logger (``info``, ``is_enabled_for``) for the serving engine side:
+    each transition's fields are kept until ``flush`` renders them as JSON lines -- the lines
+    ``json_lines_logger`` writes, byte for byte -- into ``stream`` in one write. The engine side
+    flushes whenever it hands control back to vLLM, and makes the lines durable (the stream's
+    buffer handed to the OS) when a utility call returns and at shutdown: a line per write, as
+    structlog's logger does, releases the GIL on the engine core's busy loop a dozen times a step,
+    and its other threads take it (results.md, section 8.5). A killed process loses at most the
+    stream's buffer; what is on disk is a prefix of the log."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.pending: list[dict[str, Any]] = []
+
+    def is_enabled_for(self, level: int) -> bool:
+        return True
+
+    def info(self, event: str, **fields: Any) -> None:
+        fields["event"] = event
+        self.pending.append(fields)
+
+    def flush(self, durable: bool = False) -> None:
+        if self.pending:
+            pending, self.pending = self.pending, []
+            dumps = json.dumps
+            self.stream.write("".join([dumps(f, default=json_default) + "\n" for f in pending]))
+        if durable:
+            self.stream.flush()
 
 
 def json_lines_logger(stream: TextIO) -> Any:

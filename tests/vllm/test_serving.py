@@ -30,6 +30,7 @@ from retire_bench.servers import CLIENT_TIMEOUT_S, HTTP, RetireServer, StockServ
 from retire_bench.serving import _server_timing
 from retire_vllm.client import ScopeReader, read_stream, scoped, stamp
 from retire_vllm.serving import wire
+from retire_vllm.serving.records import ENGINE_HOOKS
 
 pytestmark = pytest.mark.vllm
 
@@ -416,9 +417,10 @@ async def _stream(c: openai.AsyncOpenAI, model: str, scope: str, tokens: list[in
 
 def expected_end(server: RetireServer, scope: str, version: int) -> str:
     """How ``version`` of ``scope`` must have ended once the next version was accepted: as
-    ``superseded``, unless the server's core logs (one per engine, written a line at a time) show
-    it finishing on its own before the next version was opened -- a starved machine can hold a
-    revision back until the old version ran to its end -- and then as ``length``."""
+    ``superseded``, unless the server's core logs (one per engine, on disk up to the revision's
+    utility call) show it finishing on its own before the next version was opened -- a starved
+    machine can hold a revision back until the old version ran to its end -- and then as
+    ``length``."""
     logs = [log for log in server.core_logs() if log.exists()]  # (an engine yet to log: none)
     lines = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
     mine = [(t["transition"], t["version"]) for t in lines if t.get("scope") == scope]
@@ -704,6 +706,12 @@ def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireSe
     assert values['retire_cleanup_seconds_bucket{le="+Inf"}'] >= 2  # the revision and the cancel
     assert values["retire_live_scopes"] == 0
     assert 'retire_obsolete_frames_dropped_total{boundary="consumer"}' in values
+    # the engine core's time in Retire's hooks: every hook named, the in-step ones within the
+    # steps they ran in
+    hook = {h: values[f'retire_engine_hook_seconds_total{{hook="{h}"}}'] for h in ENGINE_HOOKS}
+    assert values["retire_engine_steps_total"] >= 8  # two versions' prefills and decodes
+    assert min(hook["schedule"], hook["commit"], hook["utility"], hook["add_request"]) > 0
+    assert hook["schedule"] + hook["commit"] < values["retire_engine_step_seconds_total"]
 
 
 def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) -> None:

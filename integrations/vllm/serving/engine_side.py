@@ -6,11 +6,12 @@ engine core's busy-loop thread: utility calls (``call``, answered by ``scope_cal
 are handled between steps, scheduler hooks inside them, so the authority is never entered twice
 at once.
 
-Each observation point builds its events, calls the core once (``decide``) and hands the
-commands to the one non-re-entrant executor (``commands``: ``engine_commands.EngineCommands``, the
-serving side of ``executor.CommandExecutor``, which the in-process facade shares); a caller that
-needs a frame's fate reads the ``Publish``/``Drop`` in the commands it got back. Observation ->
-event:
+Each observation point (a hook: ``_hook`` counts its time in ``EngineTime`` and writes the core
+log lines it made when it returns) builds its events, calls the core once (``decide``) and hands
+the commands to the one non-re-entrant executor (``commands``:
+``engine_commands.EngineCommands``, the serving side of ``executor.CommandExecutor``, which the
+in-process facade shares); a caller that needs a frame's fate reads the ``Publish``/``Drop`` in
+the commands it got back. Observation -> event:
 
 * ``open`` (a scoped request arrives at the API process) -> ``Submit`` or ``Supersede``;
   ``pause``/``unpause``/``cancel`` -> the user events.
@@ -33,12 +34,14 @@ process adds: a fence's terminal output, an admission answering the pending ``op
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, ParamSpec, TextIO, TypeVar
 
 from retire_core import (
     Command,
@@ -57,13 +60,16 @@ from retire_core import (
 
 from .. import introspect as ix
 from .. import observe
-from ..corelog import NullLogger, engine_log_path, json_lines_logger
+from ..corelog import JsonLinesBuffer, NullLogger, engine_log_path
 from ..errors import IntegrationError
 from . import wire
 from .engine_commands import EngineCommands
 from .ledger import BlockLedger
-from .records import Admission, Histogram, ManagedRequest, ScopeInfo
+from .records import Admission, EngineTime, Histogram, ManagedRequest, ScopeInfo
 from .scope_calls import ScopeCalls
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: Environment variable naming the file the core's transitions are written to (JSON lines).
 LOG_ENV = "RETIRE_CORE_LOG"
@@ -71,6 +77,40 @@ LOG_ENV = "RETIRE_CORE_LOG"
 #: engine core of a dense model only its own index (it reconfigures each as an independent DP=1
 #: engine), and every engine core writes its own log.
 DP_SIZE_ENV = "RETIRE_DATA_PARALLEL_SIZE"
+#: Bytes of core log lines the engine side's file holds before the OS gets them (between the
+#: durable flushes: utility calls, shutdown).
+LOG_BUFFER = 1 << 16
+
+
+def _hook(
+    hook: str,
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """An ``EngineSide`` method vLLM calls (a hook): its time is counted in
+    ``engine_time.hooks[hook]`` and the core log lines it made are written when it returns
+    (made durable after a utility call: a client that saw its answer can read them). A hook
+    entered from inside another is part of the outer one (counted and written there)."""
+
+    def wrap(method: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(method)
+        def hooked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            side: EngineSide = args[0]  # type: ignore[assignment]
+            clock = side.engine_time
+            if clock.inside:
+                return method(*args, **kwargs)
+            clock.inside = True
+            began = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                try:
+                    side.log.flush(durable=hook == "utility")
+                finally:
+                    clock.inside = False
+                    clock.hooks[hook] += time.perf_counter() - began
+
+        return hooked
+
+    return wrap
 
 
 class EngineSide:
@@ -79,6 +119,7 @@ class EngineSide:
         self.engine_core: Any = None
         self.retire: Retire | None = None
         self._log_file: TextIO | None = None
+        self.log: JsonLinesBuffer | NullLogger = NullLogger()  # the core's transition log
         self.reqs: dict[str, ManagedRequest] = {}
         self.by_participant: dict[str, str] = {}
         self.admissions: dict[tuple[str, int], Admission] = {}
@@ -91,6 +132,7 @@ class EngineSide:
         self._fencing: set[str] = set()  # requests this side is finishing itself
         self.counters: dict[str, int] = {}
         self.cleanup = Histogram()
+        self.engine_time = EngineTime()
         self.calls = ScopeCalls(self)
         self.kv_windows: tuple[int, ...] = (0,)  # set on attach, one per KV cache group
         self.null_block = 0
@@ -125,17 +167,16 @@ class EngineSide:
         self.model_id = Path(str(vcfg.model_config.model)).name
         self.dtype = str(vcfg.model_config.dtype).replace("torch.", "")
         log_path = os.environ.get(LOG_ENV)
-        logger: Any = NullLogger()
         if log_path:
             pc = vcfg.parallel_config
             dp_size = int(os.environ.get(DP_SIZE_ENV) or pc.data_parallel_size)
             path = engine_log_path(log_path, int(pc.data_parallel_index), dp_size)
-            self._log_file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-            logger = json_lines_logger(self._log_file)
+            self._log_file = open(path, "a", encoding="utf-8", buffering=LOG_BUFFER)  # noqa: SIM115
+            self.log = JsonLinesBuffer(self._log_file)
         self.ledger = BlockLedger(self.pool)
         self.ledger.spy.listeners.append(self._on_blocks_handed_out)
         self.initial_free_blocks = int(self.pool.get_num_free_blocks())
-        self.retire = Retire(logger=logger)
+        self.retire = Retire(logger=self.log)
         self._commands = EngineCommands(self)
 
     @property
@@ -151,6 +192,7 @@ class EngineSide:
 
     # ---- utility calls (from the API process): answered by ``ScopeCalls`` ------------------
 
+    @_hook("utility")
     def call(self, engine_core: Any, op: str, payload: dict[str, Any]) -> Any:
         self.attach(engine_core)
         if op not in wire.OPS:
@@ -164,6 +206,7 @@ class EngineSide:
 
     # ---- scheduler hooks ------------------------------------------------------------------------
 
+    @_hook("add_request")
     def on_add_request(self, request: Any) -> None:
         """A request reached the scheduler: an admitted version's request starts its
         participants (the core answers with a Fence if the version lost authority meanwhile)."""
@@ -197,6 +240,7 @@ class EngineSide:
         started: list[Event] = [ParticipantStarted(scope, version, p) for p in participants]
         self.commands.run(self.decide(started))
 
+    @_hook("schedule")
     def withheld(self, scheduler: Any) -> set[str]:
         if self.retire is None or not self.reqs:
             return set()
@@ -208,6 +252,7 @@ class EngineSide:
             and req.version == scopes[req.scope].epoch
         }
 
+    @_hook("schedule")
     def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
         if not self.reqs:
             return
@@ -226,6 +271,7 @@ class EngineSide:
         self.commands.run(commands)
         self._completed.extend(bid for _, bid, _, completes in writes if completes)
 
+    @_hook("commit")
     def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
         """The commit gate: one COMMIT frame per scheduled managed request; returns the requests
         whose commit was dropped."""
@@ -246,6 +292,7 @@ class EngineSide:
         self._fencing |= refused  # finished by the commit path, closed by the deferred Fence
         return refused
 
+    @_hook("commit")
     def after_commit(self, outputs: dict[int, Any]) -> None:
         """Close the writers of the blocks the step filled, gate each managed output at the engine
         boundary (a dropped one is removed: it never leaves this process), close finished
@@ -269,6 +316,7 @@ class EngineSide:
         if commands.deferred:
             commands.run_deferred()
 
+    @_hook("finished_outside")
     def on_finished_outside(self, requests: Iterable[Any]) -> None:
         """vLLM finished managed requests on its own (the API process aborted them: the client
         went away): their writers close and their participants deliver receipts."""
@@ -346,6 +394,7 @@ class EngineSide:
         observe.check_prefix_hit(req.rid, tables, start, req.adopted, self.block_size)
         self.commands.release_handoff_pins(req)  # the successor's own references hold them now
 
+    @_hook("schedule")
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
         """A block id the ledger still retains went to a new owner underneath the core."""
         for bid in ids:
@@ -358,6 +407,10 @@ class EngineSide:
                     raise IntegrationError(f"block {bid} was recycled while retained")
                 self.count("pages_reused")
                 self.commands.run(self.decide([PageReused(bid)]))
+
+    def shutdown(self) -> None:
+        """The engine core is stopping: the core log's last lines go to the OS."""
+        self.log.flush(durable=True)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

@@ -2,7 +2,8 @@
 
 The counters live where they are counted: the engine side's (revisions, frames dropped at the
 engine boundary and at the commit gate, adopted and recomputed blocks, fences still draining,
-cleanup latency) come back from one ``metrics`` utility call, the API process's (outputs dropped
+cleanup latency, the engine core's time in Retire's hooks and in steps) come back from one
+``metrics`` utility call, the API process's (outputs dropped
 behind a fence, the consumer boundary) are read locally. Every name starts with ``retire_``.
 """
 
@@ -75,6 +76,25 @@ class _Snapshot:
         )
         yield GaugeMetricFamily(
             "retire_live_scopes", "scopes not cancelled", value=self.engine["live_scopes"]
+        )
+        engine_time = self.engine["engine_time"]
+        hooks = CounterMetricFamily(
+            "retire_engine_hook_seconds",
+            "engine-core time spent in Retire's hooks, by hook (the schedule and commit hooks "
+            "run inside steps; utility calls and added requests between them)",
+            labels=["hook"],
+        )
+        for hook, seconds in engine_time["hooks"].items():
+            hooks.add_metric([hook], seconds)
+        yield hooks
+        yield CounterMetricFamily(
+            "retire_engine_step_seconds",
+            "wall time of the engine core's steps, from the schedule to the end of the commit "
+            "(the model's forward pass included)",
+            value=engine_time["step_seconds"],
+        )
+        yield CounterMetricFamily(
+            "retire_engine_steps", "engine-core steps Retire observed", value=engine_time["steps"]
         )
         h = self.engine["cleanup_seconds"]
         buckets = [(str(b), c) for b, c in zip(h["bounds"], h["counts"], strict=True)]

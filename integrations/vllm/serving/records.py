@@ -1,10 +1,12 @@
 """What the serving engine side keeps beside the core: admissions waiting for their request,
-the requests under Retire, per-scope facts the API answers with, and the cleanup histogram.
+the requests under Retire, per-scope facts the API answers with, the cleanup histogram and the
+engine core's time in Retire's hooks.
 Plain records; the rules that change them live in ``engine_side`` (and the core).
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import attrs
@@ -75,3 +77,38 @@ class Histogram:
             "sum": self.total,
             "count": self.n,
         }
+
+
+#: Where Retire's time in the engine core is counted (``EngineTime.hooks``): the utility calls
+#: (between steps), a request reaching the scheduler, the schedule (pause, allocations, the write
+#: gate), the commit (the commit gate, writer closures, the output gate) and requests finished
+#: from outside.
+ENGINE_HOOKS = ("utility", "add_request", "schedule", "commit", "finished_outside")
+
+
+@attrs.define
+class EngineTime:
+    """What Retire costs the engine core, measured by the engine side itself: the seconds spent
+    in its hooks (by ``ENGINE_HOOKS`` entry; a hook entered from inside another is counted once,
+    in the outer one) and the wall time of the steps it saw (from the scheduler's ``schedule`` to
+    the end of its commit, the model's forward pass in between), with their number. Retire's
+    share of a step is the schedule and commit hooks' seconds over ``step_seconds``."""
+
+    hooks: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(ENGINE_HOOKS, 0.0))
+    steps: int = 0
+    step_seconds: float = 0.0
+    inside: bool = False  # a hook is running (nested hooks are not counted again)
+    # when each step not committed yet was scheduled (oldest first: with a batch queue,
+    # steps are scheduled ahead of the commit of the one before)
+    step_starts: collections.deque[float] = attrs.field(factory=collections.deque)
+
+    def step_scheduled(self, now: float) -> None:
+        self.step_starts.append(now)
+
+    def step_committed(self, now: float) -> None:
+        if self.step_starts:
+            self.steps += 1
+            self.step_seconds += now - self.step_starts.popleft()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hooks": dict(self.hooks), "steps": self.steps, "step_seconds": self.step_seconds}

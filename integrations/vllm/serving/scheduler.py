@@ -5,11 +5,14 @@ RetireServingScheduler``) inside the engine-core process, it builds the ``Engine
 version authority) and hands it the scheduler's observation points: a request added, the
 schedule (pause, allocations, the write gate), the commit (the commit gate), the step's outputs
 (writer closures, the engine-boundary gate, finished requests) and requests finished from
-outside (vLLM's abort when a client goes away). Requests without a scope pass untouched.
+outside (vLLM's abort when a client goes away). Requests without a scope pass untouched. It
+also times each step (schedule to the end of the commit) for ``EngineTime``, and at shutdown
+makes the core log's last lines durable.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,6 +47,7 @@ class RetireServingScheduler(RetireScheduler):
             stop_reason=wire.STOP_MARK + wire.FINISH_SUPERSEDED,
         )
         side.after_commit(outputs)
+        side.engine_time.step_committed(time.perf_counter())
         return outputs
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Any]:
@@ -52,9 +56,14 @@ class RetireServingScheduler(RetireScheduler):
             self.retire_side.on_finished_outside(finished)
         return finished
 
+    def shutdown(self) -> None:
+        self.retire_side.shutdown()
+        super().shutdown()
+
     def schedule(self, throttle_prefills: bool = False) -> Any:
         if not self.retire_side.attached:
             return super(RetireScheduler, self).schedule(throttle_prefills)
+        self.retire_side.engine_time.step_scheduled(time.perf_counter())
         return super().schedule(throttle_prefills)
 
 

@@ -207,6 +207,7 @@ class ScopeCalls:
             "live_scopes": sum(1 for r in scopes.values() if r.state is not ScopeState.CANCELLED),
             "fences_in_progress": draining,
             "cleanup_seconds": self.side.cleanup.as_dict(),
+            "engine_time": self.side.engine_time.as_dict(),
         }
 
     def op_status(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,148 @@
+"""The engine side's hooks: ``EngineTime``, its account of its own cost (``retire_engine_*`` on
+/metrics), where a hook entered from inside another is counted once, in the outer one, whatever
+it raises; a step counts from its schedule to its commit, oldest first when steps are scheduled
+ahead; the core log's lines are written, as ``json_lines_logger`` would write them, when the
+outermost hook returns; and the serving benchmark turns the counts into per-step figures."""
+
+from __future__ import annotations
+
+import io
+from enum import Enum
+
+import pytest
+
+from retire_bench.serving import engine_share
+from retire_vllm.corelog import JsonLinesBuffer, json_lines_logger
+from retire_vllm.serving.engine_side import _hook
+from retire_vllm.serving.records import ENGINE_HOOKS, EngineTime
+
+
+class _File(io.StringIO):
+    """A log file that counts how often its buffer was handed on (made durable)."""
+
+    durable = 0
+
+    def flush(self) -> None:
+        self.durable += 1
+        super().flush()
+
+
+class _Side:
+    def __init__(self) -> None:
+        self.engine_time = EngineTime()
+        self.ran: list[str] = []
+        self.written = _File()
+        self.log = JsonLinesBuffer(self.written)
+
+    @_hook("utility")
+    def utility(self) -> None:
+        self.log.info("retire.transition", seq=0, trigger="Submit")
+
+    @_hook("commit")
+    def outer(self, fail: bool = False) -> str:
+        self.ran.append("outer")
+        self.inner()
+        if fail:
+            raise RuntimeError("refused")
+        return "done"
+
+    @_hook("finished_outside")
+    def inner(self) -> None:
+        self.ran.append("inner")
+        self.log.info("retire.transition", seq=len(self.ran), trigger="inner")
+        self.seen_inside = self.written.getvalue()
+
+
+def test_a_nested_hook_is_counted_once_in_the_outer_one() -> None:
+    side = _Side()
+    assert side.outer() == "done"
+    hooks = side.engine_time.hooks
+    assert side.ran == ["outer", "inner"]
+    assert hooks["commit"] > 0 and hooks["finished_outside"] == 0
+    side.inner()  # on its own it is counted where it says
+    assert hooks["finished_outside"] > 0
+    assert set(hooks) == set(ENGINE_HOOKS)
+
+
+def test_a_hook_that_raises_is_counted_and_leaves_no_hook_open() -> None:
+    side = _Side()
+    with pytest.raises(RuntimeError):
+        side.outer(fail=True)
+    assert not side.engine_time.inside
+    spent = side.engine_time.hooks["commit"]
+    assert spent > 0
+    side.inner()
+    assert side.engine_time.hooks["finished_outside"] > 0  # not taken for a nested call
+
+
+def test_log_lines_are_written_when_the_outermost_hook_returns() -> None:
+    side = _Side()
+    side.outer()
+    assert side.seen_inside == ""  # the nested hook did not write
+    line = '{"seq": 2, "trigger": "inner", "event": "retire.transition"}\n'
+    assert side.written.getvalue() == line
+    with pytest.raises(RuntimeError):
+        side.outer(fail=True)  # a hook that raises still writes what it logged
+    assert side.written.getvalue().count("\n") == 2 and side.log.pending == []
+    assert side.written.durable == 0  # lines of steps wait in the file's buffer
+    side.utility()  # a utility call's answer: its lines (and all before) are handed on
+    assert side.written.durable == 1 and side.written.getvalue().count("\n") == 3
+
+
+class _Stage(Enum):
+    FENCE = "fence"
+
+
+def test_the_buffer_writes_what_structlog_would() -> None:
+    fields = {
+        "seq": 7,
+        "trigger": "Supersede",
+        "transition": "supersede",
+        "stage": _Stage.FENCE,
+        "scope": "s",
+        "version": 2,
+        "pages": (3, 4),
+        "held": frozenset({5}),
+        "digest": b"\x01\xff",
+    }
+    direct, buffered = io.StringIO(), io.StringIO()
+    json_lines_logger(direct).info("retire.transition", **fields)
+    log = JsonLinesBuffer(buffered)
+    log.info("retire.transition", **fields)
+    assert buffered.getvalue() == ""
+    log.flush()
+    assert buffered.getvalue() == direct.getvalue()
+
+
+def test_steps_count_from_their_schedule_to_their_commit_oldest_first() -> None:
+    clock = EngineTime()
+    clock.step_committed(5.0)  # a commit of a step scheduled before the side attached
+    assert (clock.steps, clock.step_seconds) == (0, 0.0)
+    clock.step_scheduled(1.0)
+    clock.step_scheduled(2.0)  # scheduled ahead (a batch queue)
+    clock.step_committed(3.0)
+    clock.step_committed(4.5)
+    assert clock.steps == 2 and clock.step_seconds == pytest.approx(2.0 + 2.5)
+    assert clock.as_dict()["steps"] == 2
+
+
+def test_the_benchmark_reads_per_step_figures() -> None:
+    first = {
+        "utility": 0.002,
+        "add_request": 0.001,
+        "schedule": 0.010,
+        "commit": 0.030,
+        "finished_outside": 0.0,
+        "step_seconds": 2.0,
+        "steps": 200.0,
+    }
+    rounds = [{"engine_time": first}, {"engine_time": {**first, "utility": 0.0}}]
+    share = engine_share(rounds)
+    assert share["steps"] == 400
+    assert share["step_ms"] == pytest.approx(10.0)
+    assert share["in_step_us_per_step"] == pytest.approx(200.0)
+    assert share["in_step_share"] == pytest.approx(0.02)
+    assert share["between_steps_us_per_step"] == pytest.approx(10.0)
+    assert share["commit_us_per_step"] == pytest.approx(150.0)
+    with pytest.raises(ValueError):
+        engine_share([{"engine_time": {**first, "steps": 0.0}}])
