@@ -3,8 +3,8 @@
 The counters live where they are counted: the engine side's (revisions, frames dropped at the
 engine boundary and at the commit gate, adopted and recomputed blocks, fences still draining,
 cleanup latency, the engine core's time in Retire's hooks and in steps) come back from one
-``metrics`` utility call, the API process's (outputs dropped
-behind a fence, the consumer boundary) are read locally. Every name starts with ``retire_``.
+``metrics`` utility call, the API process's (outputs dropped behind a fence, the consumer
+boundary) are read locally. Every name starts with ``retire_``.
 """
 
 from __future__ import annotations
