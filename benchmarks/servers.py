@@ -36,9 +36,31 @@ def pool_options(blocks: int) -> list[str]:
     """``retire serve`` options for the tiny default model with a KV pool of ``blocks`` blocks
     (block 0 included), the rest as ``ENGINE_OPTIONS``."""
     from retire_vllm.default_model import ensure_default_model
+
+    return _pool(str(ensure_default_model()), blocks)
+
+
+def model_options(model: str, blocks: int) -> list[str]:
+    """The engine options both kinds of server get for ``model`` (a locally built default model
+    of any size): fp32, 32-token blocks, eager, the cached tokens in ``usage``, then the pool of
+    ``pool_options``."""
+    from retire_vllm.engine_config import BLOCK_SIZE
+
+    return [
+        "--dtype",
+        "float32",
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--enforce-eager",
+        "--enable-prompt-tokens-details",
+        *_pool(model, blocks),
+    ]
+
+
+def _pool(model: str, blocks: int) -> list[str]:
     from retire_vllm.engine_config import engine_kwargs
 
-    kw = engine_kwargs(str(ensure_default_model()), num_blocks=blocks)
+    kw = engine_kwargs(model, num_blocks=blocks)
     return [
         "--kv-cache-memory-bytes",
         str(kw["kv_cache_memory_bytes"]),
@@ -48,32 +70,6 @@ def pool_options(blocks: int) -> list[str]:
         str(kw["max_model_len"]),
         "--max-num-batched-tokens",
         str(kw["max_num_batched_tokens"]),
-        *ENGINE_OPTIONS,
-    ]
-
-
-def model_options(model: str, blocks: int) -> list[str]:
-    """The engine options both kinds of server get for ``model`` (a locally built default model
-    of any size) with a KV pool of ``blocks`` blocks: fp32, 32-token blocks, eager, the cached
-    tokens in ``usage``, then ``ENGINE_OPTIONS``."""
-    from retire_vllm.engine_config import engine_kwargs
-
-    kw = engine_kwargs(model, num_blocks=blocks)
-    return [
-        "--dtype",
-        "float32",
-        "--block-size",
-        str(kw["block_size"]),
-        "--kv-cache-memory-bytes",
-        str(kw["kv_cache_memory_bytes"]),
-        "--num-gpu-blocks-override",
-        str(kw["num_gpu_blocks_override"]),
-        "--max-model-len",
-        str(kw["max_model_len"]),
-        "--max-num-batched-tokens",
-        str(kw["max_num_batched_tokens"]),
-        "--enforce-eager",
-        "--enable-prompt-tokens-details",
         *ENGINE_OPTIONS,
     ]
 
