@@ -13,7 +13,8 @@ is the time from its first token to its last over the tokens in between, as vLLM
 benchmark defines it: chunks reach a client in bursts), completion tokens per second, each
 round's ITL p50; Retire over stock as ratios; and, for the Retire servers, the engine core's own
 account of Retire's time during the rounds (``retire_engine_*`` on ``/metrics``: its hooks inside
-the steps per step and as a share of the step). Then the revision
+the steps per step and as a share of the step) and the API process's (``retire_api_*``: its
+per-output code, per output and per step). Then the revision
 latency over HTTP, on each ``retire serve`` server: from sending a revision to the arrival of the
 old stream's terminal (``superseded``) chunk at the client, and to the revision's response headers
 (accepted), split into the revision's ``Server-Timing`` phases (``retire_vllm.serving.wire``)
@@ -24,12 +25,15 @@ the full run. ``--apart`` puts the client on a CPU of its own and the servers on
 as a client on another machine (sharing two cores, the client itself is starved for seconds at
 times, against stock vLLM's server as against ``retire serve``). ``--model-size small`` runs both
 servers on a larger locally built model, whose heavier step shows how Retire's per-step cost
-compares with a model step longer than the tiny model's few milliseconds. The client reads every
+compares with a model step longer than the tiny model's few milliseconds. ``--waves`` has the
+clients send each request together, so the rounds' steps are alike (without it, how the clients'
+prefills happen to line up with each other moves a round's ITL by about 15%). The client reads every
 stream through ``retire_vllm.client.each_chunk``, so a long old stream does not hold up the
 revision sent beside it.
 
 ``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
-[--revisions-only] [--reader openai|raw] [--apart] [--model-size tiny|small] [--json PATH]``
+[--revisions-only] [--reader openai|raw] [--apart] [--model-size tiny|small] [--waves]
+[--json PATH]``
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import openai
 
 from retire_vllm.client import each_chunk, read_stream, scoped
 from retire_vllm.serving import wire
-from retire_vllm.serving.records import ENGINE_HOOKS
+from retire_vllm.serving.records import API_PARTS, ENGINE_HOOKS
 
 from .servers import CLIENT_TIMEOUT_S, RetireServer, Server, StockServer, model_options
 
@@ -112,13 +116,19 @@ async def _round(
 ) -> dict[str, Any]:
     """One round of load. Every round sends prompts no round sent before (to any server): a
     repeated prompt would be a prefix cache hit for stock vLLM, whereas each Retire scope has a
-    cache salt of its own, so the two would not be doing the same work."""
+    cache salt of its own, so the two would not be doing the same work. With ``args.waves`` the
+    clients send each request together (a barrier), so every request decodes beside the same
+    others and no prefill lands between its tokens: the steps are alike in every round and for
+    every server."""
     c = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
     scopes: list[str] = []
+    wave = asyncio.Barrier(args.clients) if args.waves else None
 
     async def client(k: int) -> list[dict[str, Any]]:
         out = []
         for i in range(args.requests):
+            if wave is not None:
+                await wave.wait()
             scope = f"bench-{tag}-{k}-{i}" if scoped_requests else None
             if scope:
                 scopes.append(scope)
@@ -148,7 +158,10 @@ async def _round(
 
 async def _engine_time(server: Server) -> dict[str, float]:
     """The engine core's time in Retire's hooks and in steps, so far (``retire_engine_*`` on
-    ``/metrics``): seconds by hook, ``step_seconds``, ``steps``."""
+    ``/metrics``): seconds by hook, ``step_seconds``, ``steps``, ``worker_seconds`` (of the
+    hooks' time, waiting for the workers' digests); and the API process's time in
+    Retire's per-output code (``retire_api_*``): seconds by part as ``api_<part>``,
+    ``api_outputs``."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as h:
@@ -162,6 +175,12 @@ async def _engine_time(server: Server) -> dict[str, float]:
                 out["step_seconds"] = sample.value
             elif sample.name == "retire_engine_steps_total":
                 out["steps"] = sample.value
+            elif sample.name == "retire_engine_worker_wait_seconds_total":
+                out["worker_seconds"] = sample.value
+            elif sample.name == "retire_api_seconds_total":
+                out[f"api_{sample.labels['part']}"] = sample.value
+            elif sample.name == "retire_api_outputs_total":
+                out["api_outputs"] = sample.value
     return out
 
 
@@ -171,9 +190,11 @@ def _minus(after: dict[str, float], before: dict[str, float]) -> dict[str, float
 
 def engine_share(rounds: list[dict[str, Any]]) -> dict[str, float]:
     """Retire's part of the engine core's steps over ``rounds`` (their ``engine_time``): the
-    in-step hooks (schedule, commit) per step and as a share of the steps' wall time, and the
-    hooks between steps (utility calls, added requests, requests finished from outside) per
-    step."""
+    in-step hooks (schedule, commit) per step and as a share of the steps' wall time, the hooks
+    between steps (utility calls, added requests, requests finished from outside) per step, the
+    hooks' wait for the workers' digests per step; and the API process's per-output code per
+    output, per step and as a share of the steps' wall time (what it adds to a step where the
+    two processes share a CPU)."""
     total: dict[str, float] = {}
     for r in rounds:
         for key, value in r["engine_time"].items():
@@ -183,13 +204,19 @@ def engine_share(rounds: list[dict[str, Any]]) -> dict[str, float]:
         raise ValueError("no engine step was measured")
     in_step = total["schedule"] + total["commit"]
     between = total["utility"] + total["add_request"] + total["finished_outside"]
+    api = sum(total[f"api_{part}"] for part in API_PARTS)
+    nan = float("nan")
     return {
         "steps": steps,
         "step_ms": 1000 * total["step_seconds"] / steps,
         "in_step_us_per_step": 1e6 * in_step / steps,
         "in_step_share": in_step / total["step_seconds"],
         "between_steps_us_per_step": 1e6 * between / steps,
+        "worker_wait_us_per_step": 1e6 * total["worker_seconds"] / steps,
         **{f"{hook}_us_per_step": 1e6 * total[hook] / steps for hook in ENGINE_HOOKS},
+        "api_us_per_output": 1e6 * api / total["api_outputs"] if total["api_outputs"] else nan,
+        "api_us_per_step": 1e6 * api / steps,
+        "api_share": api / total["step_seconds"],
     }
 
 
@@ -368,10 +395,10 @@ def client_cpus(placement: dict[str, list[int]] | None) -> None:
 
 
 def retire_server(tmp: Path, model_size: str, *, log: bool = True) -> RetireServer:
-    """``retire serve`` with the embedded default model (``tiny``: its own defaults) or a larger
-    locally built one (the engine options stock vLLM's server gets for it, ``model_options``)."""
-    if model_size == "tiny":
-        return RetireServer(tmp, log=log)
+    """``retire serve`` with a locally built model (``tiny``: the embedded default) and the same
+    engine options stock vLLM's server gets for it (``model_options``): left to its defaults,
+    ``retire serve`` would run the default model without vLLM's stats logging, which stock's
+    server does."""
     from retire_vllm.default_model import ensure_default_model
 
     model = str(ensure_default_model(size=model_size))
@@ -511,6 +538,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the locally built model both servers run: tiny (the default model, steps of a few "
         "ms here) or small (hidden 512, 4 layers: a heavier step)",
     )
+    p.add_argument(
+        "--waves",
+        action="store_true",
+        help="the clients send each request together (a barrier), so the load's steps are the "
+        "same in every round and for every server; default: each client sends its next request "
+        "when its last one ends",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     if min(args.clients, args.requests, args.rounds, args.trials) < 1:
@@ -538,8 +572,11 @@ def main(argv: list[str] | None = None) -> int:
         e = report[f"engine_time_{name}"]
         print(
             f"{name} engine core: step {e['step_ms']:.2f} ms, Retire inside steps "
-            f"{e['in_step_us_per_step']:.0f} us/step ({100 * e['in_step_share']:.1f}%), "
-            f"between steps {e['between_steps_us_per_step']:.0f} us/step"
+            f"{e['in_step_us_per_step']:.0f} us/step ({100 * e['in_step_share']:.1f}%; workers' "
+            f"digests {e['worker_wait_us_per_step']:.0f}), "
+            f"between steps {e['between_steps_us_per_step']:.0f} us/step; API process "
+            f"{e['api_us_per_output']:.1f} us/output, {e['api_us_per_step']:.0f} us/step "
+            f"({100 * e['api_share']:.1f}%)"
         )
     _print_revisions(report)
     print(report["core_log"])

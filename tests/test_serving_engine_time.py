@@ -126,6 +126,17 @@ def test_steps_count_from_their_schedule_to_their_commit_oldest_first() -> None:
     assert clock.as_dict()["steps"] == 2
 
 
+def test_a_schedule_that_raises_leaves_no_step_behind() -> None:
+    clock = EngineTime()
+    with pytest.raises(RuntimeError), clock.scheduling():
+        raise RuntimeError("the scheduler failed")
+    assert not clock.step_starts
+    with clock.scheduling():
+        pass
+    clock.step_committed(clock.step_starts[0] + 1.0)
+    assert (clock.steps, clock.step_seconds) == (1, pytest.approx(1.0))
+
+
 def test_the_benchmark_reads_per_step_figures() -> None:
     first = {
         "utility": 0.002,
@@ -135,6 +146,10 @@ def test_the_benchmark_reads_per_step_figures() -> None:
         "finished_outside": 0.0,
         "step_seconds": 2.0,
         "steps": 200.0,
+        "worker_seconds": 0.008,
+        "api_gate": 0.003,
+        "api_stamp": 0.001,
+        "api_outputs": 800.0,
     }
     rounds = [{"engine_time": first}, {"engine_time": {**first, "utility": 0.0}}]
     share = engine_share(rounds)
@@ -144,5 +159,9 @@ def test_the_benchmark_reads_per_step_figures() -> None:
     assert share["in_step_share"] == pytest.approx(0.02)
     assert share["between_steps_us_per_step"] == pytest.approx(10.0)
     assert share["commit_us_per_step"] == pytest.approx(150.0)
+    assert share["worker_wait_us_per_step"] == pytest.approx(40.0)
+    assert share["api_us_per_output"] == pytest.approx(5.0)
+    assert share["api_us_per_step"] == pytest.approx(20.0)
+    assert share["api_share"] == pytest.approx(0.002)
     with pytest.raises(ValueError):
         engine_share([{"engine_time": {**first, "steps": 0.0}}])

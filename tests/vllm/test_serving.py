@@ -30,7 +30,7 @@ from retire_bench.servers import CLIENT_TIMEOUT_S, HTTP, RetireServer, StockServ
 from retire_bench.serving import _server_timing
 from retire_vllm.client import ScopeReader, read_stream, scoped, stamp
 from retire_vllm.serving import wire
-from retire_vllm.serving.records import ENGINE_HOOKS
+from retire_vllm.serving.records import API_PARTS, ENGINE_HOOKS
 
 pytestmark = pytest.mark.vllm
 
@@ -712,6 +712,13 @@ def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireSe
     assert values["retire_engine_steps_total"] >= 8  # two versions' prefills and decodes
     assert min(hook["schedule"], hook["commit"], hook["utility"], hook["add_request"]) > 0
     assert hook["schedule"] + hook["commit"] < values["retire_engine_step_seconds_total"]
+    # of which the wait for the workers' digests (blocks filled, the revision's byte check)
+    assert 0 < values["retire_engine_worker_wait_seconds_total"] < sum(hook.values())
+    # the API process's own part: both scoped versions' outputs went through the publication
+    # check, and both parts of its per-output code were timed
+    assert values["retire_api_outputs_total"] >= 2
+    for part in API_PARTS:
+        assert values[f'retire_api_seconds_total{{part="{part}"}}'] > 0
 
 
 def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) -> None:

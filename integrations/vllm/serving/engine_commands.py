@@ -13,6 +13,7 @@ protocol.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from retire_core import (
@@ -48,6 +49,13 @@ class EngineCommands(CommandExecutor):
 
     def decide(self, events: list[Event]) -> list[Command]:
         return self.side.decide(events)
+
+    def read_digests(self, pages: Sequence[int]) -> dict[int, str]:
+        began = time.perf_counter()
+        try:
+            return super().read_digests(pages)
+        finally:
+            self.side.engine_time.worker_seconds += time.perf_counter() - began
 
     def stop(self, req: ManagedRequest, cmd: Fence) -> None:
         state = self.side.core.state.scopes[cmd.scope].state

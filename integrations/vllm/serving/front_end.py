@@ -28,6 +28,7 @@ import attrs
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from . import wire
+from .records import ApiAccount
 
 
 @attrs.define
@@ -57,8 +58,12 @@ class _Stream:
 
 class RetireAsyncLLM(AsyncLLM):
     _retire_streams: dict[tuple[str, int], _Stream]
-    #: Outputs of fenced versions this process discarded (the consumer boundary).
-    retire_dropped_outputs: int = 0
+
+    @property
+    def retire_account(self) -> ApiAccount:
+        """This process's count of Retire's part in it (outputs gated and discarded, seconds)."""
+        account: ApiAccount = self.__dict__.setdefault("_retire_account", ApiAccount())
+        return account
 
     async def expire_idle_scopes(self, idle_seconds: float) -> None:
         """Run for the server's life: cancel scopes idle for longer than ``idle_seconds``."""
@@ -153,28 +158,42 @@ class RetireAsyncLLM(AsyncLLM):
         streams = self.__dict__.setdefault("_retire_streams", {})
         key = (str(scope), version)
         stream = streams[key] = _Stream()
+        account = self.retire_account
         try:
             fence: str | None = None
             async for out in super().generate(prompt, params, request_id, **kwargs):
-                completion = out.outputs[0]
-                if out.finished:
-                    fence = wire.fence_reason(completion.stop_reason) or fence
-                fence = fence or stream.fence
-                if fence is None:
-                    yield out
-                    continue
-                self.retire_dropped_outputs += 1 if completion.token_ids else 0
-                if out.finished:  # the fence's terminal output: nothing of it is published
-                    if ctx is not None:
-                        ctx.fence = fence
-                    completion.token_ids = []
-                    completion.text = ""
-                    completion.logprobs = None
-                    completion.finish_reason = fence
-                    completion.stop_reason = None
+                began = time.perf_counter()
+                fence, publish = self._gate(out, fence or stream.fence, ctx)
+                account.spent("gate", began)
+                if publish:
                     yield out
         finally:
             streams.pop(key, None)
+
+    def _gate(
+        self, out: Any, fence: str | None, ctx: RequestContext | None
+    ) -> tuple[str | None, bool]:
+        """The publication check on one output of a scoped version: the fence its stream ended
+        with (``None`` while current), and whether ``out`` goes to the caller. Behind a fence
+        nothing is published; the fence's terminal output goes on emptied, naming the fence."""
+        account = self.retire_account
+        account.outputs += 1
+        completion = out.outputs[0]
+        if out.finished:
+            fence = wire.fence_reason(completion.stop_reason) or fence
+        if fence is None:
+            return None, True
+        account.dropped_outputs += 1 if completion.token_ids else 0
+        if not out.finished:
+            return fence, False
+        if ctx is not None:
+            ctx.fence = fence
+        completion.token_ids = []
+        completion.text = ""
+        completion.logprobs = None
+        completion.finish_reason = fence
+        completion.stop_reason = None
+        return fence, True
 
     def _abandon(self, opening: asyncio.Future[dict[str, Any]]) -> None:
         """An admitted version whose request will never be added: the authority forgets its

@@ -16,12 +16,14 @@ a scope pass through unchanged.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 from urllib.parse import unquote
 
 from . import wire
 from .front_end import CONTEXT, RequestContext
 from .metrics import render
+from .records import ApiAccount
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 SCOPE_PREFIX = "/v1/scopes/"
@@ -66,7 +68,8 @@ class RetireMiddleware:
         ctx = RequestContext(headers.get(wire.HEADER_SCOPE), headers.get(wire.HEADER_TENANT))
         token = CONTEXT.set(ctx)
         try:
-            await self.app(scope, receive, _StampingSend(ctx, send, path))
+            account = scope["app"].state.engine_client.retire_account
+            await self.app(scope, receive, _StampingSend(ctx, send, path, account))
         finally:
             CONTEXT.reset(token)
 
@@ -82,7 +85,7 @@ class RetireMiddleware:
         start = next(m for m in parts if m["type"] == "http.response.start")
         body = b"".join(m.get("body", b"") for m in parts if m["type"] == "http.response.body")
         engine = scope["app"].state.engine_client
-        body += render(await engine.retire("metrics"), engine.retire_dropped_outputs)
+        body += render(await engine.retire("metrics"), engine.retire_account.as_dict())
         await send({**start, "headers": _with_length(start["headers"], len(body))})
         await send({"type": "http.response.body", "body": body})
 
@@ -132,8 +135,9 @@ class _StampingSend:
     """Holds the response start until the first body message: by then the request's scope is
     known (stamp, or answer the refusal with its own status)."""
 
-    def __init__(self, ctx: RequestContext, send: Send, path: str) -> None:
+    def __init__(self, ctx: RequestContext, send: Send, path: str, account: ApiAccount) -> None:
         self.ctx = ctx
+        self.account = account
         self.path = path
         self.finished = False
         self.send = send
@@ -179,6 +183,13 @@ class _StampingSend:
         await self.send({**message, "body": body})
 
     def _stamped(self, body: bytes) -> bytes:
+        began = time.perf_counter()
+        try:
+            return self._stamp(body)
+        finally:
+            self.account.spent("stamp", began)
+
+    def _stamp(self, body: bytes) -> bytes:
         if body.startswith(b"{"):
             return self.stamp + body[1:]
         if b'"finish_reason":"' in body:

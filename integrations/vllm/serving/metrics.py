@@ -3,8 +3,9 @@
 The counters live where they are counted: the engine side's (revisions, frames dropped at the
 engine boundary and at the commit gate, adopted and recomputed blocks, fences still draining,
 cleanup latency, the engine core's time in Retire's hooks and in steps) come back from one
-``metrics`` utility call, the API process's (outputs dropped behind a fence, the consumer
-boundary) are read locally. Every name starts with ``retire_``.
+``metrics`` utility call, the API process's (``records.ApiAccount``: outputs gated, those
+dropped behind a fence at the consumer boundary, its time in Retire's per-output code) are read
+locally. Every name starts with ``retire_``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from prometheus_client.core import (
 
 
 class _Snapshot:
-    def __init__(self, engine: dict[str, Any], dropped_consumer: int) -> None:
+    def __init__(self, engine: dict[str, Any], api: dict[str, Any]) -> None:
         self.engine = engine
-        self.dropped_consumer = dropped_consumer
+        self.api = api
 
     def collect(self) -> Iterator[Metric]:
         counters: dict[str, int] = self.engine["counters"]
@@ -46,7 +47,7 @@ class _Snapshot:
         )
         dropped.add_metric(["engine"], counters.get("frames_dropped_engine", 0))
         dropped.add_metric(["commit"], counters.get("commits_dropped", 0))
-        dropped.add_metric(["consumer"], self.dropped_consumer)
+        dropped.add_metric(["consumer"], self.api["dropped_outputs"])
         yield dropped
         yield counter("retire_adopted_blocks", "blocks successors inherited", "adopted_blocks")
         yield counter(
@@ -96,6 +97,26 @@ class _Snapshot:
         yield CounterMetricFamily(
             "retire_engine_steps", "engine-core steps Retire observed", value=engine_time["steps"]
         )
+        yield CounterMetricFamily(
+            "retire_engine_worker_wait_seconds",
+            "of Retire's hooks' time, the engine core's wait for the workers to digest KV blocks "
+            "(the blocks a step filled, the byte check before an adoption)",
+            value=engine_time["worker_seconds"],
+        )
+        api = CounterMetricFamily(
+            "retire_api_seconds",
+            "API-process time in Retire's per-output code, by part (gate: the publication check "
+            "on each output of a scoped version; stamp: the version stamp on each response chunk)",
+            labels=["part"],
+        )
+        for part, seconds in self.api["seconds"].items():
+            api.add_metric([part], seconds)
+        yield api
+        yield CounterMetricFamily(
+            "retire_api_outputs",
+            "outputs of scoped versions that went through the publication check",
+            value=self.api["outputs"],
+        )
         h = self.engine["cleanup_seconds"]
         buckets = [(str(b), c) for b, c in zip(h["bounds"], h["counts"], strict=True)]
         yield HistogramMetricFamily(
@@ -107,7 +128,9 @@ class _Snapshot:
         )
 
 
-def render(engine: dict[str, Any], dropped_consumer: int) -> bytes:
+def render(engine: dict[str, Any], api: dict[str, Any]) -> bytes:
+    """Retire's metrics from the engine side's ``metrics`` answer and the API process's
+    ``ApiAccount.as_dict()``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(engine, dropped_consumer))
+    registry.register(_Snapshot(engine, api))
     return generate_latest(registry)

@@ -1,12 +1,16 @@
 """What the serving engine side keeps beside the core: admissions waiting for their request,
 the requests under Retire, per-scope facts the API answers with, the cleanup histogram and the
-engine core's time in Retire's hooks.
+engine core's time in Retire's hooks; and what the API process counts of its own part (outputs
+gated and discarded, its time in Retire's per-output code).
 Plain records; the rules that change them live in ``engine_side`` (and the core).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -92,11 +96,15 @@ class EngineTime:
     in its hooks (by ``ENGINE_HOOKS`` entry; a hook entered from inside another is counted once,
     in the outer one) and the wall time of the steps it saw (from the scheduler's ``schedule`` to
     the end of its commit, the model's forward pass in between), with their number. Retire's
-    share of a step is the schedule and commit hooks' seconds over ``step_seconds``."""
+    share of a step is the schedule and commit hooks' seconds over ``step_seconds``. Of the
+    hooks' time, ``worker_seconds`` is spent waiting for the workers to digest KV blocks (the
+    blocks a step filled, the byte check before an adoption): a round trip to the worker
+    processes, which digests computed in the worker within the step would save."""
 
     hooks: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(ENGINE_HOOKS, 0.0))
     steps: int = 0
     step_seconds: float = 0.0
+    worker_seconds: float = 0.0
     inside: bool = False  # a hook is running (nested hooks are not counted again)
     # when each step not committed yet was scheduled (oldest first: with a batch queue,
     # steps are scheduled ahead of the commit of the one before)
@@ -105,10 +113,55 @@ class EngineTime:
     def step_scheduled(self, now: float) -> None:
         self.step_starts.append(now)
 
+    @contextlib.contextmanager
+    def scheduling(self) -> Iterator[None]:
+        """Around the scheduler's ``schedule``: the step starts now, unless ``schedule`` raises
+        (no step was scheduled, so none may be paired with the next commit)."""
+        self.step_scheduled(time.perf_counter())
+        try:
+            yield
+        except BaseException:
+            self.step_starts.pop()
+            raise
+
     def step_committed(self, now: float) -> None:
         if self.step_starts:
             self.steps += 1
             self.step_seconds += now - self.step_starts.popleft()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"hooks": dict(self.hooks), "steps": self.steps, "step_seconds": self.step_seconds}
+        return {
+            "hooks": dict(self.hooks),
+            "steps": self.steps,
+            "step_seconds": self.step_seconds,
+            "worker_seconds": self.worker_seconds,
+        }
+
+
+#: Where the API process's time in Retire's per-output code is counted (``ApiAccount.seconds``):
+#: the publication check on each output of a scoped version (``front_end``), and the version
+#: stamp on each body message of a generation response (``http``).
+API_PARTS = ("gate", "stamp")
+
+
+@attrs.define
+class ApiAccount:
+    """What the API process counts of Retire's part in it (``retire_api_*`` and the consumer
+    boundary's drops on /metrics): the outputs of scoped versions that went through the
+    publication check, those it discarded behind a fence, and the seconds spent in Retire's
+    per-output code, by ``API_PARTS`` entry. Beside ``EngineTime`` it splits what a client sees
+    added to its inter-token latency between the two processes."""
+
+    seconds: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(API_PARTS, 0.0))
+    outputs: int = 0
+    dropped_outputs: int = 0
+
+    def spent(self, part: str, since: float) -> None:
+        self.seconds[part] += time.perf_counter() - since
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": dict(self.seconds),
+            "outputs": self.outputs,
+            "dropped_outputs": self.dropped_outputs,
+        }

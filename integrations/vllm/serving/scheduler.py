@@ -63,8 +63,8 @@ class RetireServingScheduler(RetireScheduler):
     def schedule(self, throttle_prefills: bool = False) -> Any:
         if not self.retire_side.attached:
             return super(RetireScheduler, self).schedule(throttle_prefills)
-        self.retire_side.engine_time.step_scheduled(time.perf_counter())
-        return super().schedule(throttle_prefills)
+        with self.retire_side.engine_time.scheduling():
+            return super().schedule(throttle_prefills)
 
 
 def managed(requests: Iterable[Any]) -> list[str]:
