@@ -25,15 +25,12 @@ the full run. ``--apart`` puts the client on a CPU of its own and the servers on
 as a client on another machine (sharing two cores, the client itself is starved for seconds at
 times, against stock vLLM's server as against ``retire serve``). ``--model-size small`` runs both
 servers on a larger locally built model, whose heavier step shows how Retire's per-step cost
-compares with a model step longer than the tiny model's few milliseconds. ``--waves`` has the
-clients send each request together, so the rounds' steps are alike (without it, how the clients'
-prefills happen to line up with each other moves a round's ITL by about 15%). The client reads every
+compares with a model step longer than the tiny model's few milliseconds. The client reads every
 stream through ``retire_vllm.client.each_chunk``, so a long old stream does not hold up the
 revision sent beside it.
 
 ``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
-[--revisions-only] [--reader openai|raw] [--apart] [--model-size tiny|small] [--waves]
-[--json PATH]``
+[--revisions-only] [--reader openai|raw] [--apart] [--model-size tiny|small] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -116,19 +113,13 @@ async def _round(
 ) -> dict[str, Any]:
     """One round of load. Every round sends prompts no round sent before (to any server): a
     repeated prompt would be a prefix cache hit for stock vLLM, whereas each Retire scope has a
-    cache salt of its own, so the two would not be doing the same work. With ``args.waves`` the
-    clients send each request together (a barrier), so every request decodes beside the same
-    others and no prefill lands between its tokens: the steps are alike in every round and for
-    every server."""
+    cache salt of its own, so the two would not be doing the same work."""
     c = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0)
     scopes: list[str] = []
-    wave = asyncio.Barrier(args.clients) if args.waves else None
 
     async def client(k: int) -> list[dict[str, Any]]:
         out = []
         for i in range(args.requests):
-            if wave is not None:
-                await wave.wait()
             scope = f"bench-{tag}-{k}-{i}" if scoped_requests else None
             if scope:
                 scopes.append(scope)
@@ -537,13 +528,6 @@ def main(argv: list[str] | None = None) -> int:
         default="tiny",
         help="the locally built model both servers run: tiny (the default model, steps of a few "
         "ms here) or small (hidden 512, 4 layers: a heavier step)",
-    )
-    p.add_argument(
-        "--waves",
-        action="store_true",
-        help="the clients send each request together (a barrier), so the load's steps are the "
-        "same in every round and for every server; default: each client sends its next request "
-        "when its last one ends",
     )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)

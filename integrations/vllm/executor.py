@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from retire_core import (
@@ -205,17 +205,20 @@ class CommandExecutor:
         self.on_closed(req)
         self.forget_closed_requests()
 
-    def close_writers(self, blocks: Iterable[int]) -> None:
+    def close_writers(self, blocks: Iterable[int], read: Mapping[int, str] | None = None) -> None:
         """``WriterClosed`` with the digest of its KV bytes for each of ``blocks`` whose writer is
-        still open, to the core in one batch."""
+        still open, to the core in one batch; ``read``: digests the workers already took of
+        these bytes (within the step that wrote them), the rest are read now."""
         refs = self.ledger.refs
         todo = [b for b in dict.fromkeys(blocks) if b in refs and refs[b].writer_open]
         if not todo:
             return
+        known = {b: read[b] for b in todo if b in read} if read else {}
+        digests = {**known, **self.read_digests([b for b in todo if b not in known])}
         events: list[Event] = []
-        for block, digest in self.read_digests(todo).items():
+        for block in sorted(digests):
             refs[block].writer_open = False
-            events.append(WriterClosed(block, digest))
+            events.append(WriterClosed(block, digests[block]))
         self.run(self.decide(events))
 
     def release_handoff_pins(self, req: Any) -> None:

@@ -58,6 +58,10 @@ _C, _F, _I, _M = Kind.CALLABLE, Kind.FIELD, Kind.INSTANCE_ATTR, Kind.MEMBER
 _ENGINE = "vllm.v1.engine.llm_engine"
 _CORE = "vllm.v1.engine.core"
 _SCHED = "vllm.v1.core.sched.scheduler"
+_KVC = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+_SO = "vllm.v1.core.sched.output"
+_MU = "vllm.model_executor.models.utils"
+_STEP_CONFIG = ("kv_connector", "kv_role", "kv_connector_module_path")  # KVTransferConfig
 _KVM = "vllm.v1.core.kv_cache_manager"
 _COORD = "vllm.v1.core.kv_cache_coordinator"
 _POOL = "vllm.v1.core.block_pool"
@@ -207,6 +211,21 @@ HOOKS: Final[tuple[Hook, ...]] = (
     ),
     Hook("vllm.entrypoints.launchers.launcher", "setup_server", _C, ("args",), "serve"),
     Hook("vllm.outputs", "CompletionOutput.stop_reason", _F, use="serving: fence marker"),
+    # --- the serving path's digests within the step (serving/step_digests.py) ----------------
+    Hook("vllm.config", "KVTransferConfig", _C, _STEP_CONFIG, "serve: the connector installed"),
+    Hook(_KVC, "KVConnectorBase_V1.__init__", _C, ("vllm_config", "role", "kv_cache_config")),
+    Hook(_KVC, "KVConnectorBase_V1.requires_kv_delivery", _M, use="step digests: none owed"),
+    Hook(_KVC, "KVConnectorBase_V1.build_connector_meta", _C, ("scheduler_output",), "down"),
+    Hook(_KVC, "KVConnectorBase_V1.register_kv_caches", _C, ("kv_caches",), "the layers"),
+    Hook(_KVC, "KVConnectorBase_V1.wait_for_save", _C, (), "after the forward: digest"),
+    Hook(_KVC, "KVConnectorBase_V1.build_connector_worker_meta", _C, (), "up: the digests"),
+    Hook(_KVC, "KVConnectorBase_V1._get_connector_metadata", _C, (), "the step's blocks"),
+    Hook(_KVC, "KVConnectorWorkerMetadata.aggregate", _C, ("other",), "ranks in rank order"),
+    Hook(_KVC, "SupportsHMA.request_finished_all_groups", _C, ("request", "block_ids"), "HMA on"),
+    Hook("vllm.v1.outputs", "KVConnectorOutput.kv_connector_worker_meta", _F, use="up"),
+    Hook("vllm.v1.outputs", "ModelRunnerOutput.kv_connector_output", _F, use="up"),
+    Hook(_SO, "SchedulerOutput.kv_connector_metadata", _F, use="down: the step's blocks"),
+    Hook(_MU, "extract_layer_index", _C, ("layer_name",), "the model runner's layer order"),
     # --- KV cache manager and block pool (a, c, d) -------------------------------------------
     Hook(_KVM, "KVCacheManager.coordinator", _I, use="(a)"),
     Hook(_KVM, "KVCacheManager.block_pool", _I, use="(a)"),
@@ -430,14 +449,14 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook("vllm.v1.worker.cpu_worker", "CPUWorker", _M, use="TP ranks on CPU"),
     # --- KV connector API (alternative pin/receipt route) --------------------------------------
     Hook(
-        "vllm.distributed.kv_transfer.kv_connector.v1.base",
+        _KVC,
         "KVConnectorBase_V1.request_finished",
         _C,
         ("request", "block_ids"),
         "delay_free",
     ),
     Hook(
-        "vllm.distributed.kv_transfer.kv_connector.v1.base",
+        _KVC,
         "KVConnectorBase_V1.get_finished",
         _C,
         ("finished_req_ids",),

@@ -281,7 +281,12 @@ def read_digests(executor: Any, pages: Sequence[int]) -> dict[int, str]:
     ids = sorted(set(pages))
     if not ids:
         return {}
-    per_rank = collective(executor, ix.worker_block_digests, (ids,))
+    return rank_digests(collective(executor, ix.worker_block_digests, (ids,)), ids)
+
+
+def rank_digests(per_rank: Sequence[Mapping[int, str]], ids: Sequence[int]) -> dict[int, str]:
+    """The digest of each of ``ids`` from every rank's table (rank order): one rank's as it is,
+    several ranks' combined (sha256 of theirs joined)."""
     if len(per_rank) == 1:
         return {p: _lookup(per_rank[0], p) for p in ids}
     return {
@@ -349,6 +354,6 @@ def worker_fence_receipt(worker: Any, block_ids: Sequence[int]) -> dict[str, Any
     }
 
 
-def _lookup(digests: dict[Any, str], page: int) -> str:
+def _lookup(digests: Mapping[Any, str], page: int) -> str:
     value = digests.get(page)
     return value if value is not None else digests[str(page)]

@@ -712,7 +712,12 @@ def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireSe
     assert values["retire_engine_steps_total"] >= 8  # two versions' prefills and decodes
     assert min(hook["schedule"], hook["commit"], hook["utility"], hook["add_request"]) > 0
     assert hook["schedule"] + hook["commit"] < values["retire_engine_step_seconds_total"]
-    # of which the wait for the workers' digests (blocks filled, the revision's byte check)
+    # the blocks the steps filled were digested by the workers within those steps (the
+    # connector ``retire serve`` installs), and those digests passed the byte check that the
+    # revision's adoption read after the fact (a digest of other bytes, or of the layers in
+    # another order, would have failed it); the byte check itself is a round trip, waited for
+    assert values["retire_blocks_digested_in_step_total"] >= 3
+    assert values["retire_verification_failures_total"] == 0
     assert 0 < values["retire_engine_worker_wait_seconds_total"] < sum(hook.values())
     # the API process's own part: both scoped versions' outputs went through the publication
     # check, and both parts of its per-output code were timed

@@ -51,6 +51,8 @@ class EngineCommands(CommandExecutor):
         return self.side.decide(events)
 
     def read_digests(self, pages: Sequence[int]) -> dict[int, str]:
+        if not pages:
+            return {}
         began = time.perf_counter()
         try:
             return super().read_digests(pages)

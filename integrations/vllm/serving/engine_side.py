@@ -20,7 +20,8 @@ the commands it got back. Observation -> event:
 * after ``Scheduler.schedule``: new block ids -> ``PageAllocated``; the blocks the step writes ->
   ``WriteAttempted`` (the write gate).
 * before the commit: one ``COMMIT`` frame per scheduled request (the commit gate).
-* after the commit: blocks the step filled -> ``WriterClosed(digest)``; each output of a managed
+* after the commit: blocks the step filled -> ``WriterClosed(digest)`` (the digests the workers
+  took within the step, ``step_digests``, else read now); each output of a managed
   request -> a ``TOKEN`` frame at the engine boundary (a dropped one never leaves the process);
   a finished request -> ``WriterClosed`` for its open blocks, then a ``Receipt`` per participant,
   then ``VersionFinished`` (its last frame was published: the version ran to its end).
@@ -292,11 +293,19 @@ class EngineSide:
         self._fencing |= refused  # finished by the commit path, closed by the deferred Fence
         return refused
 
+    def blocks_to_digest(self) -> list[int]:
+        """The blocks the scheduled step's writes complete (their writers close at its commit):
+        what the workers may digest within the step (``step_digests``)."""
+        return sorted(set(self._completed))
+
     @_hook("commit")
-    def after_commit(self, outputs: dict[int, Any]) -> None:
-        """Close the writers of the blocks the step filled, gate each managed output at the engine
-        boundary (a dropped one is removed: it never leaves this process), close finished
-        requests, then carry out what the step boundary deferred."""
+    def after_commit(
+        self, outputs: dict[int, Any], step_digests: list[dict[int, str]] | None = None
+    ) -> None:
+        """Close the writers of the blocks the step filled (with the digests the workers took
+        within the step, ``step_digests``: one table per rank, when they came back), gate each
+        managed output at the engine boundary (a dropped one is removed: it never leaves this
+        process), close finished requests, then carry out what the step boundary deferred."""
         commands = self.commands
         commands.in_step = False
         if self._drafts:
@@ -307,7 +316,12 @@ class EngineSide:
             self._completed.extend(completed)
         if self._completed:
             completed, self._completed = self._completed, []
-            commands.close_writers(completed)
+            read: dict[int, str] = {}
+            if step_digests:  # the blocks every rank digested (a draft's may not have been)
+                taken = [b for b in set(completed) if all(b in r for r in step_digests)]
+                read = observe.rank_digests(step_digests, taken)
+                self.count("step_digests", len(read))
+            commands.close_writers(completed, read)
         if self.reqs:
             self._gate_outputs(outputs)
         self._fencing.clear()

@@ -70,6 +70,12 @@ class _Snapshot:
             "certified blocks whose bytes or generation changed before adoption",
             "verification_failures",
         )
+        yield counter(
+            "retire_blocks_digested_in_step",
+            "blocks whose writer closed with the digest the workers took within the step that "
+            "filled them (step_digests' connector), not by a round trip after it",
+            "step_digests",
+        )
         yield GaugeMetricFamily(
             "retire_fences_in_progress",
             "participants of retired versions that still owe a receipt",

@@ -5,7 +5,9 @@ RetireServingScheduler``) inside the engine-core process, it builds the ``Engine
 version authority) and hands it the scheduler's observation points: a request added, the
 schedule (pause, allocations, the write gate), the commit (the commit gate), the step's outputs
 (writer closures, the engine-boundary gate, finished requests) and requests finished from
-outside (vLLM's abort when a client goes away). Requests without a scope pass untouched. It
+outside (vLLM's abort when a client goes away). With ``step_digests``' connector installed it
+names the blocks the step will fill to the workers after the schedule, and hands the digests
+they took back to the engine side at the commit. Requests without a scope pass untouched. It
 also times each step (schedule to the end of the commit) for ``EngineTime``, and at shutdown
 makes the core log's last lines durable.
 """
@@ -17,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..scheduler import RetireScheduler, commit_without
-from . import wire
+from . import step_digests, wire
 from .engine_side import EngineSide
 
 
@@ -46,7 +48,7 @@ class RetireServingScheduler(RetireScheduler):
             ),
             stop_reason=wire.STOP_MARK + wire.FINISH_SUPERSEDED,
         )
-        side.after_commit(outputs)
+        side.after_commit(outputs, step_digests.digests_of(scheduler_output, model_runner_output))
         side.engine_time.step_committed(time.perf_counter())
         return outputs
 
@@ -63,8 +65,11 @@ class RetireServingScheduler(RetireScheduler):
     def schedule(self, throttle_prefills: bool = False) -> Any:
         if not self.retire_side.attached:
             return super(RetireScheduler, self).schedule(throttle_prefills)
-        with self.retire_side.engine_time.scheduling():
-            return super().schedule(throttle_prefills)
+        side = self.retire_side
+        with side.engine_time.scheduling():
+            scheduler_output = super().schedule(throttle_prefills)
+        step_digests.name_blocks(scheduler_output, side.blocks_to_digest())
+        return scheduler_output
 
 
 def managed(requests: Iterable[Any]) -> list[str]:

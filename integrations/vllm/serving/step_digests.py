@@ -1,0 +1,157 @@
+"""``StepDigestConnector``: the digests of the blocks a step fills, computed by the workers within
+that step and carried back with its output.
+
+A KV connector of vLLM's v1 connector API (installed by ``retire serve`` through
+``--kv-transfer-config``, ``kv_connector_module_path`` naming this module) that moves no KV
+and finds no external prefix: it only rides the connector's two per-step channels. On the way
+down, the step's ``StepBlocks`` (which the engine side fills after the schedule: the blocks this
+step's writes complete) goes with the scheduler's output to every worker; there, after the forward
+pass (``wait_for_save``: every layer has written this step's KV), the worker digests those blocks
+as ``introspect.worker_block_digests`` would, and its ``StepDigests`` come back with the model's
+output, one table per rank in rank order. The engine side closes those writers with them at the
+commit (``digests_of``), instead of a ``collective_rpc`` round trip to the workers after the
+step. A step whose digests did not come back (speculative decoding defers ``wait_for_save`` past
+the meta; a step of another connector) falls back to the round trip, as does everything else
+that reads blocks (a finishing request's partial blocks, the byte check before an adoption, TP
+receipts). No protocol is decided here: a digest is an observation, the core decides.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+
+from .. import kv_digest
+
+if TYPE_CHECKING:
+    import torch
+
+#: What ``retire serve`` puts in ``--kv-transfer-config`` when it installs this connector.
+CONNECTOR_CONFIG: dict[str, Any] = {
+    "kv_connector": "StepDigestConnector",
+    "kv_connector_module_path": "retire_vllm.serving.step_digests",
+    # a producer is the role that changes least here (a consumer changes multimodal input
+    # checks); ``requires_kv_delivery`` below undoes what producing would change on preemption
+    "kv_role": "kv_producer",
+}
+
+
+class StepBlocks(KVConnectorMetadata):
+    """Scheduler -> workers, one per step: which blocks to digest after the forward pass, and
+    the step's number (the answer must name it)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.blocks: list[int] = []
+
+
+class StepDigests(KVConnectorWorkerMetadata):
+    """Workers -> scheduler, one per step: the digests of the step's ``StepBlocks``, one table per
+    rank in rank order (vLLM aggregates the ranks' answers in that order)."""
+
+    def __init__(self, step: int, per_rank: list[dict[int, str]]) -> None:
+        self.step = step
+        self.per_rank = per_rank
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, StepDigests) or other.step != self.step:
+            raise ValueError("step digests of different steps cannot be aggregated")
+        return StepDigests(self.step, [*self.per_rank, *other.per_rank])
+
+
+def name_blocks(scheduler_output: Any, blocks: list[int]) -> None:
+    """Name the blocks the workers are to digest within this step (if the step carries
+    ``StepBlocks``: the connector is installed)."""
+    meta = getattr(scheduler_output, "kv_connector_metadata", None)
+    if isinstance(meta, StepBlocks):
+        meta.blocks = blocks
+
+
+def digests_of(scheduler_output: Any, model_runner_output: Any) -> list[dict[int, str]]:
+    """The per-rank digests that came back with this step's output for its ``StepBlocks``, or
+    ``[]`` if none did (no connector, or a step whose workers did not digest)."""
+    meta = getattr(scheduler_output, "kv_connector_metadata", None)
+    connector_output = getattr(model_runner_output, "kv_connector_output", None)
+    answer = getattr(connector_output, "kv_connector_worker_meta", None)
+    if not isinstance(meta, StepBlocks) or not isinstance(answer, StepDigests):
+        return []
+    if answer.step != meta.step:
+        return []
+    return answer.per_rank
+
+
+class StepDigestConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._steps = 0
+        self._caches: list[torch.Tensor] = []
+        self._answer: StepDigests | None = None
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # it hands no KV off: a preempted request simply runs again
+
+    # ---- scheduler side ---------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return 0, False  # no external prefix: vLLM's own prefix cache answers alone
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        return None
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        self._steps += 1
+        return StepBlocks(self._steps)  # its blocks are named once the schedule is complete
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
+        return False, None
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, None]:
+        return False, None
+
+    # ---- worker side ------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """The layers in the order of the model runner's ``kv_caches`` (vLLM's
+        ``bind_kv_cache``: by layer index, then by name order within one index), which is the
+        order ``introspect.worker_block_digests`` digests them in."""
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        by_index: dict[int, list[str]] = defaultdict(list)
+        for name in kv_caches:
+            by_index[extract_layer_index(name)].append(name)
+        self._caches = [kv_caches[n] for i in sorted(by_index) for n in by_index[i]]
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        """After the step's forward pass: digest the blocks it named."""
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, StepBlocks):
+            return
+        digests = kv_digest.block_digests(self._caches, meta.blocks) if meta.blocks else {}
+        self._answer = StepDigests(meta.step, [digests])
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        answer, self._answer = self._answer, None
+        return answer

@@ -1,0 +1,99 @@
+"""The step digests' connector (``retire_vllm.serving.step_digests``) without a server: the worker
+side digests the blocks the step named over the layers in the model runner's order, once per
+step; the answers of several ranks aggregate in rank order and only for one step; the engine side
+takes an answer only for the step it commits; ``retire serve`` installs the connector unless the
+user configured one or speculative decoding. (``tests/vllm/test_serving.py`` checks it on a real
+server: the digests it delivers pass the byte check at adoption.)"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from retire_vllm import kv_digest
+from retire_vllm.serving.server import parse
+from retire_vllm.serving.step_digests import (
+    CONNECTOR_CONFIG,
+    StepBlocks,
+    StepDigestConnector,
+    StepDigests,
+    digests_of,
+    name_blocks,
+)
+
+pytestmark = pytest.mark.vllm
+
+
+def _worker() -> StepDigestConnector:
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    config = types.SimpleNamespace(kv_transfer_config=KVTransferConfig(**CONNECTOR_CONFIG))
+    return StepDigestConnector(config, KVConnectorRole.WORKER, None)
+
+
+def _layer(seed: int) -> torch.Tensor:
+    # the CPU backend's logical view: [blocks, heads, block size, 2 * head size]
+    return torch.randn(8, 2, 4, 6, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_worker_digests_the_named_blocks_over_the_layers_in_the_runners_order() -> None:
+    layers = [_layer(i) for i in range(3)]
+    worker = _worker()
+    # registered out of order, as a dict may hold them; layer 10 sorts after layer 2
+    worker.register_kv_caches(
+        {
+            "model.layers.10.self_attn.attn": layers[2],
+            "model.layers.0.self_attn.attn": layers[0],
+            "model.layers.2.self_attn.attn": layers[1],
+        }
+    )
+    meta = StepBlocks(step=7)
+    name_blocks(types.SimpleNamespace(kv_connector_metadata=meta), [1, 5])
+    worker.bind_connector_metadata(meta)
+    worker.wait_for_save()
+    answer = worker.build_connector_worker_meta()
+    assert isinstance(answer, StepDigests) and answer.step == 7
+    assert answer.per_rank == [kv_digest.block_digests(layers, [1, 5])]
+    assert answer.per_rank != [kv_digest.block_digests(layers[::-1], [1, 5])]
+    # one answer per step: the next step's meta without a forward has nothing to hand back
+    assert worker.build_connector_worker_meta() is None
+
+
+def test_ranks_aggregate_in_rank_order_and_only_within_one_step() -> None:
+    first, second = StepDigests(3, [{1: "a"}]), StepDigests(3, [{1: "b"}])
+    merged = first.aggregate(second)
+    assert isinstance(merged, StepDigests) and merged.per_rank == [{1: "a"}, {1: "b"}]
+    with pytest.raises(ValueError):
+        first.aggregate(StepDigests(4, [{1: "c"}]))
+
+
+def test_the_engine_side_takes_only_the_answer_of_the_step_it_commits() -> None:
+    meta = StepBlocks(step=5)
+    scheduled = types.SimpleNamespace(kv_connector_metadata=meta)
+
+    def output(answer: object) -> object:
+        return types.SimpleNamespace(
+            kv_connector_output=types.SimpleNamespace(kv_connector_worker_meta=answer)
+        )
+
+    assert digests_of(scheduled, output(StepDigests(5, [{2: "d"}]))) == [{2: "d"}]
+    assert digests_of(scheduled, output(StepDigests(4, [{2: "d"}]))) == []  # another step's
+    assert digests_of(scheduled, output(None)) == []  # the workers did not digest
+    assert digests_of(types.SimpleNamespace(kv_connector_metadata=None), output(None)) == []
+    plain = types.SimpleNamespace(kv_connector_metadata=None)
+    name_blocks(plain, [1])  # no connector: nothing to name
+    assert plain.kv_connector_metadata is None
+
+
+def test_retire_serve_installs_the_connector_unless_one_is_configured() -> None:
+    installed = parse([]).kv_transfer_config
+    assert installed is not None and installed.kv_connector == "StepDigestConnector"
+    own = '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}'
+    assert parse(["--kv-transfer-config", own]).kv_transfer_config.kv_connector == (
+        "ExampleConnector"
+    )
+    drafts = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}'
+    assert parse(["--speculative-config", drafts]).kv_transfer_config is None
