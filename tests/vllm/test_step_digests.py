@@ -7,7 +7,9 @@ server: the digests it delivers pass the byte check at adoption.)"""
 
 from __future__ import annotations
 
+import os
 import types
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -88,6 +90,17 @@ def test_the_engine_side_takes_only_the_answer_of_the_step_it_commits() -> None:
     assert plain.kv_connector_metadata is None
 
 
+@pytest.fixture
+def restored_environ() -> Iterator[None]:
+    """``parse`` sets the serving process's environment (multiprocessing on, the CPU engine's
+    settings): the in-process engines of later tests in this process must not inherit it."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.usefixtures("restored_environ")
 def test_retire_serve_installs_the_connector_unless_one_is_configured() -> None:
     installed = parse([]).kv_transfer_config
     assert installed is not None and installed.kv_connector == "StepDigestConnector"
