@@ -3,37 +3,46 @@ side digests the blocks the step named over the layers in the model runner's ord
 step; the answers of several ranks aggregate in rank order and only for one step; the engine side
 takes an answer only for the step it commits; ``retire serve`` installs the connector unless the
 user configured one or speculative decoding. (``tests/vllm/test_serving.py`` checks it on a real
-server: the digests it delivers pass the byte check at adoption.)"""
+server: the digests it delivers pass the byte check at adoption.)
+
+The module (and with it vLLM's KV connector package) is imported when these tests run, not when
+they are collected: imported into a test process before its first in-process engine is built,
+it left that engine without vLLM's pipeline-parallel group (``tests/test_bench_vllm.py`` failed;
+the cause inside vLLM was not found). ``retire serve`` imports it in the engine-core process,
+whose workers are processes of their own."""
 
 from __future__ import annotations
 
 import os
 import types
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 from retire_vllm import kv_digest
 from retire_vllm.serving.server import parse
-from retire_vllm.serving.step_digests import (
-    CONNECTOR_CONFIG,
-    StepBlocks,
-    StepDigestConnector,
-    StepDigests,
-    digests_of,
-    name_blocks,
-)
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 pytestmark = pytest.mark.vllm
 
 
-def _worker() -> StepDigestConnector:
+@pytest.fixture
+def sd() -> ModuleType:
+    from retire_vllm.serving import step_digests
+
+    return step_digests
+
+
+def _worker(sd: ModuleType) -> Any:
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    config = types.SimpleNamespace(kv_transfer_config=KVTransferConfig(**CONNECTOR_CONFIG))
-    return StepDigestConnector(config, KVConnectorRole.WORKER, None)
+    config = types.SimpleNamespace(kv_transfer_config=KVTransferConfig(**sd.CONNECTOR_CONFIG))
+    return sd.StepDigestConnector(config, KVConnectorRole.WORKER, None)
 
 
 def _layer(seed: int) -> torch.Tensor:
@@ -41,9 +50,11 @@ def _layer(seed: int) -> torch.Tensor:
     return torch.randn(8, 2, 4, 6, generator=torch.Generator().manual_seed(seed))
 
 
-def test_the_worker_digests_the_named_blocks_over_the_layers_in_the_runners_order() -> None:
+def test_the_worker_digests_the_named_blocks_over_the_layers_in_the_runners_order(
+    sd: ModuleType,
+) -> None:
     layers = [_layer(i) for i in range(3)]
-    worker = _worker()
+    worker = _worker(sd)
     # registered out of order, as a dict may hold them; layer 10 sorts after layer 2
     worker.register_kv_caches(
         {
@@ -52,28 +63,28 @@ def test_the_worker_digests_the_named_blocks_over_the_layers_in_the_runners_orde
             "model.layers.2.self_attn.attn": layers[1],
         }
     )
-    meta = StepBlocks(step=7)
-    name_blocks(types.SimpleNamespace(kv_connector_metadata=meta), [1, 5])
+    meta = sd.StepBlocks(step=7)
+    sd.name_blocks(types.SimpleNamespace(kv_connector_metadata=meta), [1, 5])
     worker.bind_connector_metadata(meta)
     worker.wait_for_save()
     answer = worker.build_connector_worker_meta()
-    assert isinstance(answer, StepDigests) and answer.step == 7
+    assert isinstance(answer, sd.StepDigests) and answer.step == 7
     assert answer.per_rank == [kv_digest.block_digests(layers, [1, 5])]
     assert answer.per_rank != [kv_digest.block_digests(layers[::-1], [1, 5])]
     # one answer per step: the next step's meta without a forward has nothing to hand back
     assert worker.build_connector_worker_meta() is None
 
 
-def test_ranks_aggregate_in_rank_order_and_only_within_one_step() -> None:
-    first, second = StepDigests(3, [{1: "a"}]), StepDigests(3, [{1: "b"}])
+def test_ranks_aggregate_in_rank_order_and_only_within_one_step(sd: ModuleType) -> None:
+    first, second = sd.StepDigests(3, [{1: "a"}]), sd.StepDigests(3, [{1: "b"}])
     merged = first.aggregate(second)
-    assert isinstance(merged, StepDigests) and merged.per_rank == [{1: "a"}, {1: "b"}]
+    assert isinstance(merged, sd.StepDigests) and merged.per_rank == [{1: "a"}, {1: "b"}]
     with pytest.raises(ValueError):
-        first.aggregate(StepDigests(4, [{1: "c"}]))
+        first.aggregate(sd.StepDigests(4, [{1: "c"}]))
 
 
-def test_the_engine_side_takes_only_the_answer_of_the_step_it_commits() -> None:
-    meta = StepBlocks(step=5)
+def test_the_engine_side_takes_only_the_answer_of_the_step_it_commits(sd: ModuleType) -> None:
+    meta = sd.StepBlocks(step=5)
     scheduled = types.SimpleNamespace(kv_connector_metadata=meta)
 
     def output(answer: object) -> object:
@@ -81,12 +92,12 @@ def test_the_engine_side_takes_only_the_answer_of_the_step_it_commits() -> None:
             kv_connector_output=types.SimpleNamespace(kv_connector_worker_meta=answer)
         )
 
-    assert digests_of(scheduled, output(StepDigests(5, [{2: "d"}]))) == [{2: "d"}]
-    assert digests_of(scheduled, output(StepDigests(4, [{2: "d"}]))) == []  # another step's
-    assert digests_of(scheduled, output(None)) == []  # the workers did not digest
-    assert digests_of(types.SimpleNamespace(kv_connector_metadata=None), output(None)) == []
+    assert sd.digests_of(scheduled, output(sd.StepDigests(5, [{2: "d"}]))) == [{2: "d"}]
+    assert sd.digests_of(scheduled, output(sd.StepDigests(4, [{2: "d"}]))) == []  # another step
+    assert sd.digests_of(scheduled, output(None)) == []  # the workers did not digest
+    assert sd.digests_of(types.SimpleNamespace(kv_connector_metadata=None), output(None)) == []
     plain = types.SimpleNamespace(kv_connector_metadata=None)
-    name_blocks(plain, [1])  # no connector: nothing to name
+    sd.name_blocks(plain, [1])  # no connector: nothing to name
     assert plain.kv_connector_metadata is None
 
 

@@ -8,6 +8,8 @@ are synchronous; the API process reaches it through one utility call (``plugin``
 out the authority's fences on its streams (``front_end``); ``http`` puts scopes on the standard
 endpoints and adds the scope routes; ``server`` is ``retire serve``. ``wire`` names what crosses
 the process boundary, ``ledger`` owns every reference Retire holds on a vLLM block, ``records``
-holds the engine side's plain records, ``metrics`` renders Retire's Prometheus metrics. The
+holds the engine side's plain records, ``metrics`` renders Retire's Prometheus metrics,
+``step_digests`` is the KV connector through which the workers digest the blocks a step fills
+within that step. The
 in-process ``retire_vllm.facade`` stays the benchmarks' deterministic driver.
 """
