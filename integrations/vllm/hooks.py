@@ -61,7 +61,6 @@ _SCHED = "vllm.v1.core.sched.scheduler"
 _KVC = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 _SO = "vllm.v1.core.sched.output"
 _MU = "vllm.model_executor.models.utils"
-_STEP_CONFIG = ("kv_connector", "kv_role", "kv_connector_module_path")  # KVTransferConfig
 _KVM = "vllm.v1.core.kv_cache_manager"
 _COORD = "vllm.v1.core.kv_cache_coordinator"
 _POOL = "vllm.v1.core.block_pool"
@@ -212,8 +211,20 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook("vllm.entrypoints.launchers.launcher", "setup_server", _C, ("args",), "serve"),
     Hook("vllm.outputs", "CompletionOutput.stop_reason", _F, use="serving: fence marker"),
     # --- the serving path's digests within the step (serving/step_digests.py) ----------------
-    Hook("vllm.config", "KVTransferConfig", _C, _STEP_CONFIG, "serve: the connector installed"),
-    Hook(_KVC, "KVConnectorBase_V1.__init__", _C, ("vllm_config", "role", "kv_cache_config")),
+    Hook(
+        "vllm.config",
+        "KVTransferConfig",
+        _C,
+        ("kv_connector", "kv_role", "kv_connector_module_path"),
+        "serve: the connector installed",
+    ),
+    Hook(
+        _KVC,
+        "KVConnectorBase_V1.__init__",
+        _C,
+        ("vllm_config", "role", "kv_cache_config"),
+        "the connector built in each process",
+    ),
     Hook(_KVC, "KVConnectorBase_V1.requires_kv_delivery", _M, use="step digests: none owed"),
     Hook(_KVC, "KVConnectorBase_V1.build_connector_meta", _C, ("scheduler_output",), "down"),
     Hook(_KVC, "KVConnectorBase_V1.register_kv_caches", _C, ("kv_caches",), "the layers"),

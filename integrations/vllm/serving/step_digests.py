@@ -80,11 +80,13 @@ def digests_of(scheduler_output: Any, model_runner_output: Any) -> list[dict[int
     meta = getattr(scheduler_output, "kv_connector_metadata", None)
     connector_output = getattr(model_runner_output, "kv_connector_output", None)
     answer = getattr(connector_output, "kv_connector_worker_meta", None)
-    if not isinstance(meta, StepBlocks) or not isinstance(answer, StepDigests):
-        return []
-    if answer.step != meta.step:
-        return []
-    return answer.per_rank
+    if (
+        isinstance(meta, StepBlocks)
+        and isinstance(answer, StepDigests)
+        and answer.step == meta.step
+    ):
+        return answer.per_rank
+    return []
 
 
 class StepDigestConnector(KVConnectorBase_V1, SupportsHMA):
