@@ -121,6 +121,7 @@ class CommandExecutor:
     def on_fence(self, cmd: Fence, deferred: bool) -> None: ...
     def on_fenced(self, req: Any) -> None: ...
     def on_closing(self, req: Any) -> None: ...
+    def on_digests_taken(self, count: int) -> None: ...
     def on_rank_receipts(self, req: Any, answers: list[dict[str, Any]]) -> None: ...
     def on_receipt(self, req: Any, participant: str) -> None: ...
     def on_closed(self, req: Any) -> None: ...
@@ -184,12 +185,15 @@ class CommandExecutor:
             "vLLM cannot stop a scheduled write"
         )
 
-    def close_request(self, req: Any, participants: Sequence[str]) -> None:
-        """Drop the request's handoff pins, close the writers of its open pages, then deliver
-        receipts: ranks first (each worker answers after any step in flight), the request last."""
+    def close_request(
+        self, req: Any, participants: Sequence[str], read: Mapping[int, str] | None = None
+    ) -> None:
+        """Drop the request's handoff pins, close the writers of its open pages (``read``: as in
+        ``close_writers``), then deliver receipts: ranks first (each worker answers after any
+        step in flight), the request last."""
         self.on_closing(req)
         self.release_handoff_pins(req)
-        self.close_writers(req.pages)
+        self.close_writers(req.pages, read)
         todo = [p for p in participants if p not in req.closed]
         ranks = [p for p in todo if p != req.rid]
         if ranks:
@@ -214,6 +218,8 @@ class CommandExecutor:
         if not todo:
             return
         known = {b: read[b] for b in todo if b in read} if read else {}
+        if known:
+            self.on_digests_taken(len(known))
         digests = {**known, **self.read_digests([b for b in todo if b not in known])}
         events: list[Event] = []
         for block in sorted(digests):

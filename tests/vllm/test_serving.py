@@ -696,11 +696,7 @@ def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireSe
     # vLLM's own /metrics body is still there, uncompressed (this server runs without vLLM's
     # engine stats, so its process metrics stand for it)
     assert "python_gc_objects_collected_total" in text
-    values = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line.startswith("retire_")
-    }
+    values = retire_metrics(retire_server)
     assert values["retire_supersedes_total"] >= 1
     assert values["retire_adopted_blocks_total"] >= 3
     assert values['retire_cleanup_seconds_bucket{le="+Inf"}'] >= 2  # the revision and the cancel
@@ -724,6 +720,33 @@ def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireSe
     assert values["retire_api_outputs_total"] >= 2
     for part in API_PARTS:
         assert values[f'retire_api_seconds_total{{part="{part}"}}'] > 0
+
+
+def retire_metrics(server: RetireServer) -> dict[str, float]:
+    text = HTTP.get(f"{server.base}/metrics").text
+    return {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("retire_")
+    }
+
+
+def test_a_version_ending_by_length_closes_its_last_block_with_the_steps_digest(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    """Its last step is known when it is scheduled, so the workers digest its partial last block
+    within that step, as they do the blocks a step fills: closing its writers waits for no
+    round trip to the workers after the step."""
+    before = retire_metrics(retire_server)
+    done = complete(client, retire_server.model, prompt(70, BLOCK + 8), 4, **scoped("ending"))
+    assert done.choices[0].finish_reason == "length"
+    after = retire_metrics(retire_server)
+    taken = "retire_blocks_digested_in_step_total"
+    # the full block at the prefill's commit, the partial one at the last step's
+    assert after[taken] - before[taken] == 2
+    waited = "retire_engine_worker_wait_seconds_total"
+    assert after[waited] == before[waited]
+    assert cancel(retire_server, "ending").status_code == 200
 
 
 def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) -> None:

@@ -108,6 +108,9 @@ class EngineCommands(CommandExecutor):
         if info is not None:
             info.last_active = time.monotonic()
 
+    def on_digests_taken(self, count: int) -> None:
+        self.side.count("step_digests", count)
+
     def on_rank_receipts(self, req: ManagedRequest, answers: list[dict[str, Any]]) -> None:
         self.side.count("rank_receipts", len(answers))
 

@@ -39,7 +39,7 @@ import functools
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ParamSpec, TextIO, TypeVar
@@ -129,6 +129,8 @@ class EngineSide:
         self._frame_ids = itertools.count()
         self._commands: EngineCommands | None = None  # the executor, once attached
         self._completed: list[int] = []
+        # the last blocks of the requests whose step ends them by length (still partial)
+        self._ending: list[int] = []
         self._drafts: list[observe.DraftWrite] = []  # the step's draft writes, until verified
         self._fencing: set[str] = set()  # requests this side is finishing itself
         self.counters: dict[str, int] = {}
@@ -271,6 +273,12 @@ class EngineSide:
             req.pages.append(bid)
         self.commands.run(commands)
         self._completed.extend(bid for _, bid, _, completes in writes if completes)
+        requests = scheduler.requests
+        self._ending = [
+            bid
+            for req, bid, _, completes in writes
+            if not completes and observe.ends_by_length(requests[req.rid])
+        ]
 
     @_hook("commit")
     def before_commit(self, scheduler: Any, scheduler_output: Any) -> set[str]:
@@ -294,9 +302,11 @@ class EngineSide:
         return refused
 
     def blocks_to_digest(self) -> list[int]:
-        """The blocks the scheduled step's writes complete (their writers close at its commit):
-        what the workers may digest within the step (``step_digests``)."""
-        return sorted(set(self._completed))
+        """What the workers may digest within the step (``step_digests``): the blocks the
+        scheduled step's writes complete (their writers close at its commit) and the last blocks
+        of the requests it ends by length (theirs close when the request finishes, at the same
+        commit)."""
+        return sorted({*self._completed, *self._ending})
 
     @_hook("commit")
     def after_commit(
@@ -314,16 +324,16 @@ class EngineSide:
             if events:
                 commands.run(self.decide(events))
             self._completed.extend(completed)
-        if self._completed:
-            completed, self._completed = self._completed, []
-            read: dict[int, str] = {}
-            if step_digests:  # the blocks every rank digested (a draft's may not have been)
-                taken = [b for b in set(completed) if all(b in r for r in step_digests)]
-                read = observe.rank_digests(step_digests, taken)
-                self.count("step_digests", len(read))
+        completed, self._completed = self._completed, []
+        ending, self._ending = self._ending, []
+        read: dict[int, str] = {}
+        if step_digests:  # the blocks every rank digested (a draft's may not have been)
+            taken = [b for b in {*completed, *ending} if all(b in r for r in step_digests)]
+            read = observe.rank_digests(step_digests, taken)
+        if completed:
             commands.close_writers(completed, read)
         if self.reqs:
-            self._gate_outputs(outputs)
+            self._gate_outputs(outputs, read)
         self._fencing.clear()
         if commands.pending_reports:
             commands.send_reports(set())
@@ -341,7 +351,7 @@ class EngineSide:
 
     # ---- the engine boundary --------------------------------------------------------------------
 
-    def _gate_outputs(self, outputs: dict[int, Any]) -> None:
+    def _gate_outputs(self, outputs: dict[int, Any], read: Mapping[int, str]) -> None:
         frames: list[tuple[Any, Any, FrameArrived]] = []
         for eco in outputs.values():
             for out in eco.outputs:
@@ -368,7 +378,7 @@ class EngineSide:
                 if req is not None:
                     finished.append(req)
         for req in finished:
-            self.commands.close_request(req, req.participants)
+            self.commands.close_request(req, req.participants, read)
             # its last frame was published: the version ran to its end
             self.commands.run(self.decide([VersionFinished(req.scope, req.version)]))
 
