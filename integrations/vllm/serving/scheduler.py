@@ -6,8 +6,9 @@ version authority) and hands it the scheduler's observation points: a request ad
 schedule (pause, allocations, the write gate), the commit (the commit gate), the step's outputs
 (writer closures, the engine-boundary gate, finished requests) and requests finished from
 outside (vLLM's abort when a client goes away). With ``step_digests``' connector installed it
-names the blocks the step will fill to the workers after the schedule, and hands the digests
-they took back to the engine side at the commit. Requests without a scope pass untouched. It
+names to the workers, after the schedule, the blocks whose writers will close at the step's
+commit (``EngineSide.blocks_to_digest``), and hands the digests they took back to the engine
+side at the commit. Requests without a scope pass untouched. It
 also times each step (schedule to the end of the commit) for ``EngineTime``, and at shutdown
 makes the core log's last lines durable.
 """
