@@ -237,6 +237,10 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook("vllm.v1.outputs", "ModelRunnerOutput.kv_connector_output", _F, use="up"),
     Hook(_SO, "SchedulerOutput.kv_connector_metadata", _F, use="down: the step's blocks"),
     Hook(_MU, "extract_layer_index", _C, ("layer_name",), "the model runner's layer order"),
+    # a request's last step, known at its schedule (observe.ends_by_length, as check_stop)
+    Hook("vllm.v1.request", "Request.max_tokens", _I, use="step digests: ends by length"),
+    Hook("vllm.v1.request", "Request.num_tokens", _M, use="step digests: ends by length"),
+    Hook("vllm.v1.request", "Request.num_output_tokens", _M, use="step digests: ends by length"),
     # --- KV cache manager and block pool (a, c, d) -------------------------------------------
     Hook(_KVM, "KVCacheManager.coordinator", _I, use="(a)"),
     Hook(_KVM, "KVCacheManager.block_pool", _I, use="(a)"),

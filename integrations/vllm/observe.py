@@ -148,9 +148,8 @@ def ends_by_length(request: Any) -> bool:
     """Whether the step just scheduled for ``request`` ends it by length: it computes every token
     the request has and samples the output that reaches ``max_tokens`` (vLLM's ``check_stop``
     then finishes it at this step's commit, unless a stop token does first)."""
-    return int(request.num_computed_tokens) >= request.num_tokens and int(
-        request.num_output_tokens
-    ) + 1 >= int(request.max_tokens)
+    computes_all = int(request.num_computed_tokens) >= int(request.num_tokens)
+    return computes_all and int(request.num_output_tokens) + 1 >= int(request.max_tokens)
 
 
 def table_pages(tables: Sequence[Sequence[int]], null: int) -> set[int]:
