@@ -266,7 +266,8 @@ async def _revision_latency(
     stream ended ``superseded``; ``old_version_finished_first`` when it ended by itself before
     the revision reached the authority (nothing was superseded: a starved client can send its
     revision that late); ``revision_accepted``; the revision's Server-Timing phases; and the
-    rest of the close (HTTP in, the terminal output's way back to the client)."""
+    rest of the close beyond ``wire.CLOSE_PHASES`` (the revision's way in over HTTP, the
+    terminal output's way from the engine core's output queue to the client)."""
     # a fresh connection per request: a kept-alive one the server times out (uvicorn: 5 s)
     # while a starved client reuses it fails the request
     fresh = {"Connection": "close"}
@@ -322,7 +323,7 @@ async def _revision_latency(
         superseded = reason == wire.FINISH_SUPERSEDED
         out["old_stream_closed"].append(ended_at - sent if superseded else nan)
         out["old_version_finished_first"].append(nan if superseded else ended_at - sent)
-        before = sum(out[n][-1] for n in wire.SERVER_TIMING_NAMES[:-1])  # all but admission
+        before = sum(out[n][-1] for n in wire.CLOSE_PHASES)
         out["rest-to-old-stream-closed"].append(ended_at - sent - before if superseded else nan)
         await read_stream(new)
         await reader

@@ -77,6 +77,10 @@ def test_server_timing_names_each_phase_whose_ends_are_known() -> None:
     answered = wire.server_timing({**moments, "carried_out": 10.015, "answered": 10.02})
     assert answered.split(", ")[-2].startswith("retire-commands;dur=2.000;")
     assert answered.split(", ")[-1].startswith("retire-admission;dur=5.000;")
+    # a revision that fenced a running version: its terminal output's moment, within the commands
+    fenced = wire.server_timing({**moments, "fenced": 10.0135, "carried_out": 10.015})
+    assert [p.split(";")[0] for p in fenced.split(", ")][-2:] == ["retire-fence", "retire-commands"]
+    assert fenced.split(", ")[-2].startswith("retire-fence;dur=0.500;")
     assert wire.server_timing({"arrived": 1.0}) == ""
 
 
@@ -84,11 +88,14 @@ def test_the_serving_benchmark_reads_the_header_back() -> None:
     from retire_bench.serving import _server_timing
 
     moments = {"arrived": 5.0, "sent": 5.25, "received": 5.5, "decided": 5.625}
-    read = _server_timing(wire.server_timing({**moments, "carried_out": 5.75, "answered": 6.0}))
+    read = _server_timing(
+        wire.server_timing({**moments, "fenced": 5.6875, "carried_out": 5.75, "answered": 6.0})
+    )
     assert read == {
         "retire-api": 250.0,
         "retire-queue": 250.0,
         "retire-authority": 125.0,
+        "retire-fence": 62.5,
         "retire-commands": 125.0,
         "retire-admission": 250.0,
     }

@@ -387,18 +387,23 @@ def test_the_old_stream_ends_at_once_with_superseded(
                 await asyncio.sleep(0.005)
             (await h.post(f"{base}/v1/scopes/ends/pause")).raise_for_status()
             info = (await h.get(f"{base}/v1/scopes/ends")).json()
-        await c.completions.create(
+        revision = await c.completions.with_raw_response.create(
             model=retire_server.model,
             prompt=prompt(7, 64),
             max_tokens=2,
             temperature=0,
             extra_body={"ignore_eos": True, **scoped("ends")},
         )
+        timing.update(_server_timing(revision.headers["server-timing"]))
         chunks = await old
         await c.close()
         return info["receipts_outstanding"] > 0, chunks
 
+    timing: dict[str, float] = {}
     running, rest = asyncio.run(run())
+    # a fence's terminal output leaves first among the revision's commands
+    assert ("retire-fence" in timing) == running, timing
+    assert 0 <= timing.get("retire-fence", 0) <= timing["retire-commands"], timing
     assert {stamp(ch) for ch in rest} == {("ends", 0)}
     # Only a machine that stalled this client for seconds lets the old version finish first.
     assert rest[-1].choices[0].finish_reason == ("superseded" if running else "length")
@@ -658,11 +663,13 @@ def test_headers_put_a_request_under_a_scope(
 def test_a_scoped_response_says_where_its_opening_spent_its_time(
     retire_server: RetireServer,
 ) -> None:
-    """``Server-Timing`` on a scope's responses (a new scope and a revision of it): every phase
-    of ``wire.SERVER_TIMING_PHASES`` once, in order, none negative, together within the time
-    the client waited; a request without a scope carries none."""
+    """``Server-Timing`` on a scope's responses (a new scope and a revision of it, which fenced
+    nothing: the first version had ended): every phase of ``wire.SERVER_TIMING_PHASES`` but
+    ``retire-fence`` once, in order, none negative, together within the time the client waited;
+    a request without a scope carries none. (A revision that fences a running version:
+    ``test_the_old_stream_ends_at_once_with_superseded``.)"""
     body = {"model": retire_server.model, "max_tokens": 3, "temperature": 0}
-    phases = list(wire.SERVER_TIMING_NAMES)
+    phases = [name for name in wire.SERVER_TIMING_NAMES if name != "retire-fence"]
     for prompt in ("hello there", "hello again"):
         began = time.time()
         r = HTTP.post(

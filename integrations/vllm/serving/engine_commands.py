@@ -63,6 +63,8 @@ class EngineCommands(CommandExecutor):
         state = self.side.core.state.scopes[cmd.scope].state
         reason = wire.FINISH_CANCELLED if state is ScopeState.CANCELLED else wire.FINISH_SUPERSEDED
         self.side.finish_from_here(req.rid, req.client_index, reason)
+        if self.side.first_fence_output is None:
+            self.side.first_fence_output = time.time()  # wall clock, for Server-Timing
 
     def cold_salt(self, scope: str) -> str:
         info = self.side.scopes.get(scope)

@@ -133,6 +133,8 @@ class EngineSide:
         self._ending: list[int] = []
         self._drafts: list[observe.DraftWrite] = []  # the step's draft writes, until verified
         self._fencing: set[str] = set()  # requests this side is finishing itself
+        # when the open being handled queued its first fence's terminal output (Server-Timing)
+        self.first_fence_output: float | None = None
         self.counters: dict[str, int] = {}
         self.cleanup = Histogram()
         self.engine_time = EngineTime()

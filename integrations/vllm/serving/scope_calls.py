@@ -93,8 +93,9 @@ class ScopeCalls:
         future: Future[dict[str, Any]] = Future()
         self.side.opening[(scope, version)] = future
         fenced = self._fenced_versions(commands)
+        self.side.first_fence_output = None
         self.side.commands.run(commands)
-        carried_out = time.time()  # the fences' terminal outputs are on the output queue
+        carried_out = time.time()
         self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
         self._settle_openings(scope)
         if record is not None:
@@ -103,6 +104,8 @@ class ScopeCalls:
         else:
             self.side.count("submits")
         timing = {"received": received, "decided": decided, "carried_out": carried_out}
+        if self.side.first_fence_output is not None:  # the old stream's end is on its way
+            timing["fenced"] = self.side.first_fence_output
         if future.done():
             answer = future.result()
             answer["fenced"] = fenced

@@ -133,18 +133,25 @@ def _merge(key: str, a: Any, b: Any) -> Any:
     return a
 
 
-#: A scoped response's ``Server-Timing`` metrics: (name, from moment, to moment, what it covers).
+#: A scoped response's ``Server-Timing`` metrics: (name, from moment, to moment, what it covers);
+#: ``retire-fence`` (a revision of a running version only) is the first part of ``retire-commands``.
 #: The engine core's moments are its wall clock, comparable on one host. No comma in a
 #: description: a header value's metrics are separated by commas.
 SERVER_TIMING_PHASES = (
     ("retire-api", "arrived", "sent", "API process before the authority is asked"),
     ("retire-queue", "sent", "received", "to the engine core behind the step in flight"),
     ("retire-authority", "received", "decided", "block identities and the core's decision"),
+    ("retire-fence", "decided", "fenced", "the fenced version's terminal output queued"),
     ("retire-commands", "decided", "carried_out", "the commands carried out: fences and pins"),
     ("retire-admission", "carried_out", "answered", "admission and the reply back"),
 )
 
 SERVER_TIMING_NAMES = tuple(name for name, *_ in SERVER_TIMING_PHASES)
+
+#: The phases a superseded stream's close goes through in the server, one after the other (the
+#: rest of it is the revision's way in over HTTP and the terminal output's way out to the client);
+#: the fenced version's terminal output leaves while the revision's other commands are carried out.
+CLOSE_PHASES = ("retire-api", "retire-queue", "retire-authority", "retire-fence")
 
 
 def server_timing(moments: Mapping[str, float]) -> str:
