@@ -61,6 +61,7 @@ _SCHED = "vllm.v1.core.sched.scheduler"
 _KVC = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 _SO = "vllm.v1.core.sched.output"
 _MU = "vllm.model_executor.models.utils"
+_MC = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"
 _KVM = "vllm.v1.core.kv_cache_manager"
 _COORD = "vllm.v1.core.kv_cache_coordinator"
 _POOL = "vllm.v1.core.block_pool"
@@ -237,6 +238,12 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook("vllm.v1.outputs", "ModelRunnerOutput.kv_connector_output", _F, use="up"),
     Hook(_SO, "SchedulerOutput.kv_connector_metadata", _F, use="down: the step's blocks"),
     Hook(_MU, "extract_layer_index", _C, ("layer_name",), "the model runner's layer order"),
+    # beside a connector of the user's (step_digests.with_step_digests and _ours)
+    Hook("vllm.config", "KVTransferConfig.kv_connector_extra_config", _F, use="children"),
+    Hook("vllm.config", "KVTransferConfig.has_connector", _C, ("connector_name",), "installed?"),
+    Hook(_MC, "MultiConnector", _C, ("vllm_config", "role", "kv_cache_config"), "composition"),
+    Hook(_MC, "MultiKVConnectorMetadata.metadata", _F, use="down: one per child, in order"),
+    Hook(_MC, "MultiKVConnectorWorkerMetadata.metadata", _F, use="up: one per child"),
     # a request's last step, known at its schedule (observe.ends_by_length, as check_stop)
     Hook("vllm.v1.request", "Request.max_tokens", _I, use="step digests: ends by length"),
     Hook("vllm.v1.request", "Request.num_tokens", _M, use="step digests: ends by length"),

@@ -13,6 +13,7 @@ whose workers are processes of their own."""
 
 from __future__ import annotations
 
+import json
 import os
 import types
 from collections.abc import Iterator
@@ -111,13 +112,51 @@ def restored_environ() -> Iterator[None]:
     os.environ.update(saved)
 
 
+def test_inside_a_multiconnector_the_engine_side_finds_its_own_part(sd: ModuleType) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+        MultiKVConnectorMetadata,
+        MultiKVConnectorWorkerMetadata,
+    )
+
+    theirs = types.SimpleNamespace(blocks=[])  # the user's connector's metadata comes first
+    ours = sd.StepBlocks(step=5)
+    scheduled = types.SimpleNamespace(
+        kv_connector_metadata=MultiKVConnectorMetadata(metadata=(theirs, ours))
+    )
+    sd.name_blocks(scheduled, [4, 7])
+    assert ours.blocks == [4, 7] and theirs.blocks == []
+    answer = MultiKVConnectorWorkerMetadata(metadata=(None, sd.StepDigests(5, [{4: "a"}])))
+    output = types.SimpleNamespace(
+        kv_connector_output=types.SimpleNamespace(kv_connector_worker_meta=answer)
+    )
+    assert sd.digests_of(scheduled, output) == [{4: "a"}]
+    nothing = MultiKVConnectorWorkerMetadata(metadata=(None, None))
+    output.kv_connector_output.kv_connector_worker_meta = nothing
+    assert sd.digests_of(scheduled, output) == []
+
+
 @pytest.mark.usefixtures("restored_environ")
-def test_retire_serve_installs_the_connector_unless_one_is_configured() -> None:
+def test_retire_serve_installs_the_connector_beside_the_users_and_not_with_drafts(
+    sd: ModuleType,
+) -> None:
     installed = parse([]).kv_transfer_config
     assert installed is not None and installed.kv_connector == "StepDigestConnector"
-    own = '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}'
-    assert parse(["--kv-transfer-config", own]).kv_transfer_config.kv_connector == (
-        "ExampleConnector"
+    own = '{"kv_connector": "ExampleConnector", "kv_role": "kv_both", "engine_id": "e1"}'
+    both = parse(["--kv-transfer-config", own]).kv_transfer_config
+    assert (both.kv_connector, both.kv_role, both.engine_id) == ("MultiConnector", "kv_both", "e1")
+    theirs, ours = both.kv_connector_extra_config["connectors"]
+    assert (theirs["kv_connector"], theirs["kv_role"]) == ("ExampleConnector", "kv_both")
+    assert "engine_id" not in theirs  # the MultiConnector passes its own to each child
+    assert ours == sd.CONNECTOR_CONFIG
+    assert sd.with_step_digests(both) is both  # installed once
+    multi = json.dumps(
+        {
+            "kv_connector": "MultiConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"connectors": [theirs, theirs]},
+        }
     )
+    appended = parse(["--kv-transfer-config", multi]).kv_transfer_config
+    assert appended.kv_connector_extra_config["connectors"] == [theirs, theirs, ours]
     drafts = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}'
     assert parse(["--speculative-config", drafts]).kv_transfer_config is None

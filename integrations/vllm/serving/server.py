@@ -3,9 +3,10 @@
 The server is vLLM's own (its argument parser, its FastAPI application, ``build_and_serve``);
 ``retire serve`` only adds what installs Retire: ``--scheduler-cls`` (the engine side, loaded in
 the engine-core process), ``--middleware`` (scopes on the standard endpoints and the scope
-routes), ``RetireAsyncLLM`` as the engine client, and, unless a KV connector or speculative
-decoding is configured, ``--kv-transfer-config`` naming ``step_digests``' connector (the
-workers digest the blocks a step fills within that step). With no model it serves the embedded tiny
+routes), ``RetireAsyncLLM`` as the engine client, and, unless speculative decoding is
+configured, ``step_digests``' connector in ``--kv-transfer-config`` (the workers digest the
+blocks a step fills within that step; beside a connector of the user's through vLLM's
+``MultiConnector``). With no model it serves the embedded tiny
 default model (built locally on first use, nothing downloaded), with CPU engine settings that a
 given option overrides. Retire's own options, removed before vLLM parses the rest:
 ``--retire-log PATH`` (the core's transitions, one JSON object per line, for
@@ -97,15 +98,13 @@ def parse(argv: list[str]) -> Any:
         raise SystemExit(f"retire serve installs its own scheduler ({SCHEDULER})")
     args.scheduler_cls = SCHEDULER
     args.middleware = [*(args.middleware or []), MIDDLEWARE]
-    if args.kv_transfer_config is None and args.speculative_config is None:
-        # the workers digest the blocks a step fills within the step (``step_digests``); with
-        # a connector of the user's, or speculative decoding (whose draft pass runs after the
-        # connector's per-step answer), the engine side reads them after the step instead
-        from vllm.config import KVTransferConfig
+    if args.speculative_config is None:
+        # the workers digest the blocks a step fills within the step (``step_digests``, beside
+        # a connector of the user's); with speculative decoding (whose draft pass runs after
+        # the connector's per-step answer) the engine side reads them after the step instead
+        from .step_digests import with_step_digests
 
-        from .step_digests import CONNECTOR_CONFIG
-
-        args.kv_transfer_config = KVTransferConfig(**CONNECTOR_CONFIG)
+        args.kv_transfer_config = with_step_digests(args.kv_transfer_config)
     if log_path:
         os.environ["RETIRE_CORE_LOG"] = os.path.abspath(log_path)
         os.environ["RETIRE_DATA_PARALLEL_SIZE"] = str(int(args.data_parallel_size or 1))

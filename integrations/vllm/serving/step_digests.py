@@ -10,22 +10,30 @@ pass (``wait_for_save``: every layer has written this step's KV), the worker dig
 as ``introspect.worker_block_digests`` would, and its ``StepDigests`` come back with the model's
 output, one table per rank in rank order. The engine side closes those writers with them at the
 commit (``digests_of``), instead of a ``collective_rpc`` round trip to the workers after the
-step. A step whose digests did not come back (speculative decoding defers ``wait_for_save`` past
-the meta; a step of another connector) falls back to the round trip, as does everything else
-that reads blocks (a finishing request's partial blocks, the byte check before an adoption, TP
-receipts). No protocol is decided here: a digest is an observation, the core decides.
+step. With a connector of the user's it runs beside theirs in vLLM's ``MultiConnector``
+(``with_step_digests``), and the engine side finds its own part of the step's metadata there. A
+step whose digests did not come back (speculative decoding defers ``wait_for_save`` past the
+meta) falls back to the round trip, as does everything else that reads blocks (a finishing
+request's partial blocks, the byte check before an adoption, TP receipts). No protocol is
+decided here: a digest is an observation, the core decides.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
     SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiKVConnectorMetadata,
+    MultiKVConnectorWorkerMetadata,
 )
 
 from .. import kv_digest
@@ -41,6 +49,49 @@ CONNECTOR_CONFIG: dict[str, Any] = {
     # checks); ``requires_kv_delivery`` below undoes what producing would change on preemption
     "kv_role": "kv_producer",
 }
+
+
+MULTI = "MultiConnector"
+
+
+def with_step_digests(config: KVTransferConfig | None) -> KVTransferConfig:
+    """The KV transfer configuration that installs this connector: alone when the user named
+    none; beside the user's connector through vLLM's ``MultiConnector`` (theirs first, with
+    their role: the engine behaves as they configured it, and this connector, which finds no
+    prefix and moves no KV, only adds the digests); appended to a ``MultiConnector`` of
+    theirs."""
+    if config is None or config.kv_connector is None:
+        return KVTransferConfig(**CONNECTOR_CONFIG)
+    if config.has_connector(CONNECTOR_CONFIG["kv_connector"]):
+        return config
+    extra = dict(config.kv_connector_extra_config)
+    if config.kv_connector == MULTI:
+        extra["connectors"] = [*extra.get("connectors", []), CONNECTOR_CONFIG]
+    else:
+        theirs = {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(config)
+            if f.name != "engine_id"  # the MultiConnector passes its own to each child
+        }
+        extra = {"connectors": [theirs, CONNECTOR_CONFIG]}
+    return dataclasses.replace(
+        config, kv_connector=MULTI, kv_connector_module_path=None, kv_connector_extra_config=extra
+    )
+
+
+_M = TypeVar("_M")
+
+
+def _ours(meta: Any, kind: type[_M]) -> _M | None:
+    """This connector's part of a step's metadata: the metadata itself, or its child in a
+    ``MultiConnector``'s (one per child connector, in their order)."""
+    if isinstance(meta, kind):
+        return meta
+    if isinstance(meta, MultiKVConnectorMetadata | MultiKVConnectorWorkerMetadata):
+        for child in meta.metadata:
+            if isinstance(child, kind):
+                return child
+    return None
 
 
 class StepBlocks(KVConnectorMetadata):
@@ -69,22 +120,18 @@ class StepDigests(KVConnectorWorkerMetadata):
 def name_blocks(scheduler_output: Any, blocks: list[int]) -> None:
     """Name the blocks the workers are to digest within this step (if the step carries
     ``StepBlocks``: the connector is installed)."""
-    meta = getattr(scheduler_output, "kv_connector_metadata", None)
-    if isinstance(meta, StepBlocks):
+    meta = _ours(getattr(scheduler_output, "kv_connector_metadata", None), StepBlocks)
+    if meta is not None:
         meta.blocks = blocks
 
 
 def digests_of(scheduler_output: Any, model_runner_output: Any) -> list[dict[int, str]]:
     """The per-rank digests that came back with this step's output for its ``StepBlocks``, or
     ``[]`` if none did (no connector, or a step whose workers did not digest)."""
-    meta = getattr(scheduler_output, "kv_connector_metadata", None)
+    meta = _ours(getattr(scheduler_output, "kv_connector_metadata", None), StepBlocks)
     connector_output = getattr(model_runner_output, "kv_connector_output", None)
-    answer = getattr(connector_output, "kv_connector_worker_meta", None)
-    if (
-        isinstance(meta, StepBlocks)
-        and isinstance(answer, StepDigests)
-        and answer.step == meta.step
-    ):
+    answer = _ours(getattr(connector_output, "kv_connector_worker_meta", None), StepDigests)
+    if meta is not None and answer is not None and answer.step == meta.step:
         return answer.per_rank
     return []
 

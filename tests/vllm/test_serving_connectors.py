@@ -1,0 +1,76 @@
+"""``retire serve`` beside a KV connector of the user's, the real ``openai`` client.
+
+The user configures vLLM's own ``ExampleConnector`` with ``--kv-transfer-config`` (it saves the
+KV of the requests it is handed to files; a producer here, so it loads nothing back). Retire's
+step-digest connector then runs beside it in vLLM's ``MultiConnector``
+(``step_digests.with_step_digests``): the user's connector still saves the KV it is given, the
+workers still digest the blocks a step fills within that step (no round trip after it), and a
+revision adopts the certified prefix with output equal to a cold run. The scope is cancelled and
+the server must hold nothing afterwards; closing it validates its core log against the spec.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from retire_bench.servers import RetireServer
+from retire_vllm.client import scoped, stamp
+from tests.vllm.test_serving import cancel, complete, prompt, retire_metrics, status
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("user-connector-store")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, store: Path) -> Iterator[RetireServer]:
+    theirs = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(store)},
+    }
+    srv = RetireServer(
+        tmp_path_factory.mktemp("retire-serve-connector"),
+        ["--kv-transfer-config", json.dumps(theirs)],
+    )
+    try:
+        yield srv
+    finally:
+        verdict = srv.close()
+    assert ": valid — " in verdict, verdict
+
+
+def test_a_revision_beside_the_users_connector(server: RetireServer, store: Path) -> None:
+    c = server.openai()
+    model = server.model
+    before = retire_metrics(server).get("retire_blocks_digested_in_step_total", 0.0)
+    base = prompt(11, 150)
+    assert stamp(complete(c, model, base, 4, **scoped("conn"))) == ("conn", 0)
+    revised = [*base[:100], *prompt(12, 30)]  # 3 full blocks shared
+    second = complete(c, model, revised, 8, **scoped("conn"))
+    assert stamp(second) == ("conn", 1)
+    assert second.usage.prompt_tokens_details.cached_tokens == 3 * BLOCK
+    assert status(server, "conn").json()["adopted_blocks"] == 3
+    # the full blocks of both versions were digested by the workers within their steps
+    digested = retire_metrics(server)["retire_blocks_digested_in_step_total"] - before
+    assert digested >= len(base) // BLOCK + (len(revised) // BLOCK - 3), digested
+    # and the user's connector saved what it was handed, a file per layer and request
+    assert list(store.rglob("*.safetensors")), "the user's connector saved nothing"
+    # (it would load that back into any request of the same tokens, cache salt or not)
+    shutil.rmtree(store)
+    cold = complete(c, model, revised, 8)  # unscoped: no cache salt, nothing cached
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].text == cold.choices[0].text
+    assert cancel(server, "conn").status_code == 200
+    c.close()
+    server.check_clean()
