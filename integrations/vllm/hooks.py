@@ -242,6 +242,13 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook("vllm.config", "KVTransferConfig.kv_connector_extra_config", _F, use="children"),
     Hook("vllm.config", "KVTransferConfig.has_connector", _C, ("connector_name",), "installed?"),
     Hook(_MC, "MultiConnector", _C, ("vllm_config", "role", "kv_cache_config"), "composition"),
+    Hook(
+        _MC,
+        "MultiConnector.get_num_new_matched_tokens",
+        _C,
+        ("request", "num_computed_tokens"),
+        "scoped requests load no external KV",
+    ),
     Hook(_MC, "MultiKVConnectorMetadata.metadata", _F, use="down: one per child, in order"),
     Hook(_MC, "MultiKVConnectorWorkerMetadata.metadata", _F, use="up: one per child"),
     # a request's last step, known at its schedule (observe.ends_by_length, as check_stop)

@@ -5,8 +5,10 @@ KV of the requests it is handed to files; a producer here, so it loads nothing b
 step-digest connector then runs beside it in vLLM's ``MultiConnector``
 (``step_digests.with_step_digests``): the user's connector still saves the KV it is given, the
 workers still digest the blocks a step fills within that step (no round trip after it), and a
-revision adopts the certified prefix with output equal to a cold run. The scope is cancelled and
-the server must hold nothing afterwards; closing it validates its core log against the spec.
+revision adopts the certified prefix with output equal to a cold run. A scoped request finds no
+KV of the user's connector (Retire's ``MultiConnector`` does not ask it), a request without a
+scope still does. Every scope is cancelled and the server must hold nothing afterwards; closing
+it validates its core log against the spec.
 """
 
 from __future__ import annotations
@@ -72,5 +74,28 @@ def test_a_revision_beside_the_users_connector(server: RetireServer, store: Path
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     assert second.choices[0].text == cold.choices[0].text
     assert cancel(server, "conn").status_code == 200
+    c.close()
+    server.check_clean()
+
+
+def test_a_scoped_request_loads_nothing_from_the_users_connector(
+    server: RetireServer, store: Path
+) -> None:
+    """The user's connector saved the KV of a prompt; a request of another scope and tenant
+    with the same prompt gets none of it (it would be KV that no version of its scope wrote and
+    Retire never certified, here another tenant's), while a request without a scope still does:
+    the user's connector serves it as configured."""
+    c = server.openai()
+    model = server.model
+    tokens = prompt(21, 130)
+    first = complete(c, model, tokens, 4, **scoped("saver", "t1"))
+    assert list(store.rglob("*.safetensors")), "the user's connector saved nothing"
+    other = complete(c, model, tokens, 4, **scoped("reader", "t2"))
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+    assert other.choices[0].text == first.choices[0].text
+    plain = complete(c, model, tokens, 4)
+    assert plain.usage.prompt_tokens_details.cached_tokens == 4 * BLOCK  # loaded from the store
+    for scope, tenant in (("saver", "t1"), ("reader", "t2")):
+        assert cancel(server, scope, tenant).status_code == 200
     c.close()
     server.check_clean()

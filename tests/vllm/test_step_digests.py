@@ -144,6 +144,7 @@ def test_retire_serve_installs_the_connector_beside_the_users_and_not_with_draft
     own = '{"kv_connector": "ExampleConnector", "kv_role": "kv_both", "engine_id": "e1"}'
     both = parse(["--kv-transfer-config", own]).kv_transfer_config
     assert (both.kv_connector, both.kv_role, both.engine_id) == ("MultiConnector", "kv_both", "e1")
+    assert both.kv_connector_module_path == sd.__name__  # Retire's MultiConnector: see its tests
     theirs, ours = both.kv_connector_extra_config["connectors"]
     assert (theirs["kv_connector"], theirs["kv_role"]) == ("ExampleConnector", "kv_both")
     assert "engine_id" not in theirs  # the MultiConnector passes its own to each child
@@ -158,5 +159,9 @@ def test_retire_serve_installs_the_connector_beside_the_users_and_not_with_draft
     )
     appended = parse(["--kv-transfer-config", multi]).kv_transfer_config
     assert appended.kv_connector_extra_config["connectors"] == [theirs, theirs, ours]
+    assert appended.kv_connector_module_path == sd.__name__
+    custom = json.dumps({**json.loads(multi), "kv_connector_module_path": "theirs.multi"})
+    kept = sd.with_step_digests(parse(["--kv-transfer-config", custom]).kv_transfer_config)
+    assert kept.kv_connector_module_path == "theirs.multi"  # a class of their own is kept
     drafts = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}'
     assert parse(["--speculative-config", drafts]).kv_transfer_config is None

@@ -5,8 +5,8 @@ The server is vLLM's own (its argument parser, its FastAPI application, ``build_
 the engine-core process), ``--middleware`` (scopes on the standard endpoints and the scope
 routes), ``RetireAsyncLLM`` as the engine client, and, unless speculative decoding is
 configured, ``step_digests``' connector in ``--kv-transfer-config`` (the workers digest the
-blocks a step fills within that step; beside a connector of the user's through vLLM's
-``MultiConnector``). With no model it serves the embedded tiny
+blocks a step fills within that step; beside a connector of the user's through
+``step_digests.MultiConnector``). With no model it serves the embedded tiny
 default model (built locally on first use, nothing downloaded), with CPU engine settings that a
 given option overrides. Retire's own options, removed before vLLM parses the rest:
 ``--retire-log PATH`` (the core's transitions, one JSON object per line, for

@@ -10,8 +10,9 @@ pass (``wait_for_save``: every layer has written this step's KV), the worker dig
 as ``introspect.worker_block_digests`` would, and its ``StepDigests`` come back with the model's
 output, one table per rank in rank order. The engine side closes those writers with them at the
 commit (``digests_of``), instead of a ``collective_rpc`` round trip to the workers after the
-step. With a connector of the user's it runs beside theirs in vLLM's ``MultiConnector``
-(``with_step_digests``), and the engine side finds its own part of the step's metadata there. A
+step. With a connector of the user's it runs beside theirs in this module's ``MultiConnector``
+(``with_step_digests``; vLLM's, except that scoped requests load no external KV), and the engine
+side finds its own part of the step's metadata there. A
 step whose digests did not come back (speculative decoding defers ``wait_for_save`` past the
 meta) falls back to the round trip, as does everything else that reads blocks (a finishing
 request's partial blocks, the byte check before an adoption, TP receipts). No protocol is
@@ -32,11 +33,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector as VllmMultiConnector,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiKVConnectorMetadata,
     MultiKVConnectorWorkerMetadata,
 )
 
 from .. import kv_digest
+from . import wire
 
 if TYPE_CHECKING:
     import torch
@@ -56,10 +61,10 @@ MULTI = "MultiConnector"
 
 def with_step_digests(config: KVTransferConfig | None) -> KVTransferConfig:
     """The KV transfer configuration that installs this connector: alone when the user named
-    none; beside the user's connector through vLLM's ``MultiConnector`` (theirs first, with
-    their role: the engine behaves as they configured it, and this connector, which finds no
-    prefix and moves no KV, only adds the digests); appended to a ``MultiConnector`` of
-    theirs."""
+    none; beside the user's connector through this module's ``MultiConnector`` (theirs first,
+    with their role: the engine behaves as they configured it, and this connector, which finds
+    no prefix and moves no KV, only adds the digests); appended to a ``MultiConnector`` of
+    theirs (which becomes this module's unless they named a class of their own)."""
     if config is None or config.kv_connector is None:
         return KVTransferConfig(**CONNECTOR_CONFIG)
     if config.has_connector(CONNECTOR_CONFIG["kv_connector"]):
@@ -75,8 +80,30 @@ def with_step_digests(config: KVTransferConfig | None) -> KVTransferConfig:
         }
         extra = {"connectors": [theirs, CONNECTOR_CONFIG]}
     return dataclasses.replace(
-        config, kv_connector=MULTI, kv_connector_module_path=None, kv_connector_extra_config=extra
+        config,
+        kv_connector=MULTI,
+        kv_connector_module_path=config.kv_connector_module_path
+        if config.kv_connector == MULTI and config.kv_connector_module_path
+        else __name__,
+        kv_connector_extra_config=extra,
     )
+
+
+class MultiConnector(VllmMultiConnector):
+    """vLLM's ``MultiConnector``, except that a scoped request finds no external KV: a scoped
+    version's KV comes only from its own steps and the certified handoff, so a user's connector
+    that would load KV into it (vLLM's ``ExampleConnector`` loads whatever it saved for the same
+    tokens, whatever the cache salt) is not asked; every other request is served by the user's
+    connectors as configured. Named as vLLM's class (and loaded through
+    ``kv_connector_module_path``) because vLLM recognises a ``MultiConnector`` by that name."""
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        params = getattr(request, "sampling_params", None)
+        if params is not None and wire.XARG_VERSION in (params.extra_args or {}):
+            return 0, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
 
 _M = TypeVar("_M")
