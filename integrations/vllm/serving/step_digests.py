@@ -12,11 +12,11 @@ output, one table per rank in rank order. The engine side closes those writers w
 commit (``digests_of``), instead of a ``collective_rpc`` round trip to the workers after the
 step. With a connector of the user's it runs beside theirs in this module's ``MultiConnector``
 (``with_step_digests``; vLLM's, except that scoped requests load no external KV), and the engine
-side finds its own part of the step's metadata there. A
-step whose digests did not come back (speculative decoding defers ``wait_for_save`` past the
-meta) falls back to the round trip, as does everything else that reads blocks (a finishing
-request's partial blocks, the byte check before an adoption, TP receipts). No protocol is
-decided here: a digest is an observation, the core decides.
+side finds its own part of the step's metadata there. A step whose digests did not come back
+(speculative decoding defers ``wait_for_save`` past the meta) falls back to the round trip, as
+does everything else that reads blocks (a finishing request's partial blocks, the byte check
+before an adoption, TP receipts). No protocol is decided here: a digest is an observation, the
+core decides.
 """
 
 from __future__ import annotations
@@ -79,13 +79,10 @@ def with_step_digests(config: KVTransferConfig | None) -> KVTransferConfig:
             if f.name != "engine_id"  # the MultiConnector passes its own to each child
         }
         extra = {"connectors": [theirs, CONNECTOR_CONFIG]}
+    their_class = config.kv_connector == MULTI and config.kv_connector_module_path
+    module = config.kv_connector_module_path if their_class else __name__
     return dataclasses.replace(
-        config,
-        kv_connector=MULTI,
-        kv_connector_module_path=config.kv_connector_module_path
-        if config.kv_connector == MULTI and config.kv_connector_module_path
-        else __name__,
-        kv_connector_extra_config=extra,
+        config, kv_connector=MULTI, kv_connector_module_path=module, kv_connector_extra_config=extra
     )
 
 
