@@ -89,7 +89,7 @@ async def _one(
     if scope is not None:
         body.update(scoped(scope))
     t0 = time.perf_counter()
-    stream = await c.completions.create(
+    raw = await c.completions.with_raw_response.create(
         model=model,
         prompt=tokens,
         max_tokens=max_tokens,
@@ -97,15 +97,24 @@ async def _one(
         stream=True,
         extra_body=body,
     )
+    # a scoped request's opening, in the server (all its Server-Timing phases but the fence's,
+    # which lies within the commands; none for stock or a request without a scope)
+    phases = _server_timing(raw.headers.get("server-timing", ""))
+    phases.pop("retire-fence", None)
     first = last = float("nan")
-    async for chunk in each_chunk(stream):
+    async for chunk in each_chunk(raw.parse()):
         if chunk.choices and chunk.choices[0].text:
             last = time.perf_counter()
             if first != first:  # NaN: the first token
                 first = last
     # Inter-token latency as vLLM's own benchmark defines it (time per output token after the
     # first): chunks reach the client in bursts, so gaps between chunks would say nothing.
-    return {"ttft": first - t0, "itl": (last - first) / (max_tokens - 1)}
+    return {
+        "ttft": first - t0,
+        "itl": (last - first) / (max_tokens - 1),
+        "opening": sum(phases.values()) / 1000 if phases else float("nan"),
+        "opening_queue": phases.get("retire-queue", float("nan")) / 1000,
+    }
 
 
 async def _round(
@@ -141,6 +150,8 @@ async def _round(
     return {
         "ttft": [r["ttft"] for r in results],
         "itl": [r["itl"] for r in results],
+        "opening": [r["opening"] for r in results],
+        "opening_queue": [r["opening_queue"] for r in results],
         "tokens": 64 * len(results),
         "wall": wall,
         "engine_time": engine,
@@ -345,15 +356,31 @@ def _server_timing(header: str) -> dict[str, float]:
 
 
 def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Percentiles over every request of ``rounds``; for scoped requests also their opening
+    (``opening_p50_ms``: from the API process's arrival to the admitted version's answer, of
+    which ``opening_queue_p50_ms`` waiting for the step in flight) and what the first token
+    took beyond it (``ttft_after_opening_p50_ms``: the way in, adding the request, its wait for
+    a step, the prefill and the first token's way out)."""
     ttft = [x for r in rounds for x in r["ttft"]]
     itl = [x for r in rounds for x in r["itl"]]
-    return {
+    summary = {
         "ttft_p50_ms": 1000 * _pct(ttft, 0.5),
         "ttft_p99_ms": 1000 * _pct(ttft, 0.99),
         "itl_p50_ms": 1000 * _pct(itl, 0.5),
         "itl_p99_ms": 1000 * _pct(itl, 0.99),
         "tokens_per_s": sum(r["tokens"] for r in rounds) / sum(r["wall"] for r in rounds),
     }
+    openings = [
+        (t, o, q)
+        for r in rounds
+        for t, o, q in zip(r["ttft"], r["opening"], r["opening_queue"], strict=True)
+        if o == o  # NaN: not scoped
+    ]
+    if openings:
+        summary["opening_p50_ms"] = 1000 * _pct([o for _, o, _ in openings], 0.5)
+        summary["opening_queue_p50_ms"] = 1000 * _pct([q for _, _, q in openings], 0.5)
+        summary["ttft_after_opening_p50_ms"] = 1000 * _pct([t - o for t, o, _ in openings], 0.5)
+    return summary
 
 
 def _command(args: Any) -> str:
@@ -549,6 +576,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:>12} {r['ttft_p50_ms']:9.2f} {r['ttft_p99_ms']:9.2f} {r['itl_p50_ms']:8.2f} "
             f"{r['itl_p99_ms']:8.2f} {r['tokens_per_s']:8.1f}"
+        )
+    for name in ("retire", "retire_nolog"):
+        r = report[name]
+        print(
+            f"{name} TTFT p50: opening {r['opening_p50_ms']:.2f} ms (of which waiting for the "
+            f"step in flight {r['opening_queue_p50_ms']:.2f}), after it "
+            f"{r['ttft_after_opening_p50_ms']:.2f} ms"
         )
     for key in ("ratio_retire_over_stock", "ratio_retire_nolog_over_stock"):
         ratio = report[key]

@@ -1,6 +1,7 @@
 """The serving benchmark's bookkeeping (no server): a trial without a phase is left out of that
-phase's percentiles and counts, shows as ``None`` trial by trial, and the report's command line
-repeats the run with only the options that run used."""
+phase's percentiles and counts, shows as ``None`` trial by trial, a load request's opening is
+counted only for scoped requests, and the report's command line repeats the run with only the
+options that run used."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from retire_bench.serving import (
     _pct,
     _per_trial,
     _revision_summary,
+    _summary,
     load_seed,
 )
 
@@ -73,3 +75,23 @@ def test_no_load_prompt_is_sent_twice() -> None:
     assert not set(seeds) & set(trials)
     with pytest.raises(ValueError):
         load_seed(0, 1000, 0)
+
+
+def test_a_load_rounds_openings_are_those_of_its_scoped_requests() -> None:
+    def round_of(ttft: list[float], opening: list[float], queue: list[float]) -> dict[str, object]:
+        n = len(ttft)
+        return {
+            "ttft": ttft,
+            "itl": [0.01] * n,
+            "opening": opening,
+            "opening_queue": queue,
+            "tokens": 64 * n,
+            "wall": 1.0,
+        }
+
+    scoped = _summary([round_of([0.100, 0.200, 0.300], [0.010, 0.020, 0.030], [0.004] * 3)])
+    assert scoped["opening_p50_ms"] == pytest.approx(20.0)
+    assert scoped["opening_queue_p50_ms"] == pytest.approx(4.0)
+    assert scoped["ttft_after_opening_p50_ms"] == pytest.approx(180.0)
+    stock = _summary([round_of([0.100, 0.200], [NAN, NAN], [NAN, NAN])])
+    assert "opening_p50_ms" not in stock and stock["ttft_p50_ms"] == pytest.approx(200.0)
