@@ -161,7 +161,8 @@ async def _round(
 async def _engine_time(server: Server) -> dict[str, float]:
     """The engine core's time in Retire's hooks and in steps, so far (``retire_engine_*`` on
     ``/metrics``): seconds by hook, ``step_seconds``, ``steps``, ``worker_seconds`` (of the
-    hooks' time, waiting for the workers' digests); and the API process's time in
+    hooks' time, waiting for the workers' digests), ``worker_digest_seconds`` (the workers'
+    digests taken within the steps, outside the hooks); and the API process's time in
     Retire's per-output code (``retire_api_*``): seconds by part as ``api_<part>``,
     ``api_outputs``."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -179,6 +180,8 @@ async def _engine_time(server: Server) -> dict[str, float]:
                 out["steps"] = sample.value
             elif sample.name == "retire_engine_worker_wait_seconds_total":
                 out["worker_seconds"] = sample.value
+            elif sample.name == "retire_engine_worker_digest_seconds_total":
+                out["worker_digest_seconds"] = sample.value
             elif sample.name == "retire_api_seconds_total":
                 out[f"api_{sample.labels['part']}"] = sample.value
             elif sample.name == "retire_api_outputs_total":
@@ -194,9 +197,11 @@ def engine_share(rounds: list[dict[str, Any]]) -> dict[str, float]:
     """Retire's part of the engine core's steps over ``rounds`` (their ``engine_time``): the
     in-step hooks (schedule, commit) per step and as a share of the steps' wall time, the hooks
     between steps (utility calls, added requests, requests finished from outside) per step, the
-    hooks' wait for the workers' digests per step; and the API process's per-output code per
-    output, per step and as a share of the steps' wall time (what it adds to a step where the
-    two processes share a CPU)."""
+    hooks' wait for the workers' digests per step, the workers' digests within the steps per
+    step and as a share; and the API process's per-output code per output, per step and as a
+    share of the steps' wall time (what it adds to a step where the two processes share a CPU).
+    ``retire_share``: the three shares together (schedule and commit hooks, the workers'
+    digests, the API process)."""
     total: dict[str, float] = {}
     for r in rounds:
         for key, value in r["engine_time"].items():
@@ -215,10 +220,13 @@ def engine_share(rounds: list[dict[str, Any]]) -> dict[str, float]:
         "in_step_share": in_step / total["step_seconds"],
         "between_steps_us_per_step": 1e6 * between / steps,
         "worker_wait_us_per_step": 1e6 * total["worker_seconds"] / steps,
+        "worker_digest_us_per_step": 1e6 * total["worker_digest_seconds"] / steps,
+        "worker_digest_share": total["worker_digest_seconds"] / total["step_seconds"],
         **{f"{hook}_us_per_step": 1e6 * total[hook] / steps for hook in ENGINE_HOOKS},
         "api_us_per_output": 1e6 * api / total["api_outputs"] if total["api_outputs"] else nan,
         "api_us_per_step": 1e6 * api / steps,
         "api_share": api / total["step_seconds"],
+        "retire_share": (in_step + total["worker_digest_seconds"] + api) / total["step_seconds"],
     }
 
 
@@ -595,7 +603,9 @@ def main(argv: list[str] | None = None) -> int:
             f"digests {e['worker_wait_us_per_step']:.0f}), "
             f"between steps {e['between_steps_us_per_step']:.0f} us/step; API process "
             f"{e['api_us_per_output']:.1f} us/output, {e['api_us_per_step']:.0f} us/step "
-            f"({100 * e['api_share']:.1f}%)"
+            f"({100 * e['api_share']:.1f}%); the workers' digests within the steps "
+            f"{e['worker_digest_us_per_step']:.0f} us/step ({100 * e['worker_digest_share']:.1f}%)"
+            f"; Retire in all {100 * e['retire_share']:.1f}% of the step"
         )
     _print_revisions(report)
     print(report["core_log"])

@@ -147,6 +147,7 @@ def test_the_benchmark_reads_per_step_figures() -> None:
         "step_seconds": 2.0,
         "steps": 200.0,
         "worker_seconds": 0.008,
+        "worker_digest_seconds": 0.012,
         "api_gate": 0.003,
         "api_stamp": 0.001,
         "api_outputs": 800.0,
@@ -163,5 +164,8 @@ def test_the_benchmark_reads_per_step_figures() -> None:
     assert share["api_us_per_output"] == pytest.approx(5.0)
     assert share["api_us_per_step"] == pytest.approx(20.0)
     assert share["api_share"] == pytest.approx(0.002)
+    assert share["worker_digest_us_per_step"] == pytest.approx(60.0)
+    assert share["worker_digest_share"] == pytest.approx(0.006)
+    assert share["retire_share"] == pytest.approx(0.02 + 0.006 + 0.002)
     with pytest.raises(ValueError):
         engine_share([{"engine_time": {**first, "steps": 0.0}}])

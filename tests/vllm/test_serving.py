@@ -722,6 +722,9 @@ def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireSe
     assert values["retire_blocks_digested_in_step_total"] >= 3
     assert values["retire_verification_failures_total"] == 0
     assert 0 < values["retire_engine_worker_wait_seconds_total"] < sum(hook.values())
+    # what the workers' digests within the steps cost those steps, counted apart from the hooks
+    digesting = values["retire_engine_worker_digest_seconds_total"]
+    assert 0 < digesting < values["retire_engine_step_seconds_total"]
     # the API process's own part: both scoped versions' outputs went through the publication
     # check, and both parts of its per-output code were timed
     assert values["retire_api_outputs_total"] >= 2

@@ -71,15 +71,17 @@ def test_the_worker_digests_the_named_blocks_over_the_layers_in_the_runners_orde
     answer = worker.build_connector_worker_meta()
     assert isinstance(answer, sd.StepDigests) and answer.step == 7
     assert answer.per_rank == [kv_digest.block_digests(layers, [1, 5])]
+    assert len(answer.seconds) == 1 and answer.seconds[0] > 0  # the worker timed its digests
     assert answer.per_rank != [kv_digest.block_digests(layers[::-1], [1, 5])]
     # one answer per step: the next step's meta without a forward has nothing to hand back
     assert worker.build_connector_worker_meta() is None
 
 
 def test_ranks_aggregate_in_rank_order_and_only_within_one_step(sd: ModuleType) -> None:
-    first, second = sd.StepDigests(3, [{1: "a"}]), sd.StepDigests(3, [{1: "b"}])
+    first, second = sd.StepDigests(3, [{1: "a"}], [0.5]), sd.StepDigests(3, [{1: "b"}], [0.75])
     merged = first.aggregate(second)
     assert isinstance(merged, sd.StepDigests) and merged.per_rank == [{1: "a"}, {1: "b"}]
+    assert merged.seconds == [0.5, 0.75]  # each rank's time digesting, in rank order
     with pytest.raises(ValueError):
         first.aggregate(sd.StepDigests(4, [{1: "c"}]))
 
@@ -93,10 +95,11 @@ def test_the_engine_side_takes_only_the_answer_of_the_step_it_commits(sd: Module
             kv_connector_output=types.SimpleNamespace(kv_connector_worker_meta=answer)
         )
 
-    assert sd.digests_of(scheduled, output(sd.StepDigests(5, [{2: "d"}]))) == [{2: "d"}]
-    assert sd.digests_of(scheduled, output(sd.StepDigests(4, [{2: "d"}]))) == []  # another step
-    assert sd.digests_of(scheduled, output(None)) == []  # the workers did not digest
-    assert sd.digests_of(types.SimpleNamespace(kv_connector_metadata=None), output(None)) == []
+    answer = sd.digests_of(scheduled, output(sd.StepDigests(5, [{2: "d"}], [0.25])))
+    assert (answer.per_rank, answer.seconds) == ([{2: "d"}], [0.25])
+    assert sd.digests_of(scheduled, output(sd.StepDigests(4, [{2: "d"}]))) is None  # another step
+    assert sd.digests_of(scheduled, output(None)) is None  # the workers did not digest
+    assert sd.digests_of(types.SimpleNamespace(kv_connector_metadata=None), output(None)) is None
     plain = types.SimpleNamespace(kv_connector_metadata=None)
     sd.name_blocks(plain, [1])  # no connector: nothing to name
     assert plain.kv_connector_metadata is None
@@ -129,10 +132,10 @@ def test_inside_a_multiconnector_the_engine_side_finds_its_own_part(sd: ModuleTy
     output = types.SimpleNamespace(
         kv_connector_output=types.SimpleNamespace(kv_connector_worker_meta=answer)
     )
-    assert sd.digests_of(scheduled, output) == [{4: "a"}]
+    assert sd.digests_of(scheduled, output).per_rank == [{4: "a"}]
     nothing = MultiKVConnectorWorkerMetadata(metadata=(None, None))
     output.kv_connector_output.kv_connector_worker_meta = nothing
-    assert sd.digests_of(scheduled, output) == []
+    assert sd.digests_of(scheduled, output) is None
 
 
 @pytest.mark.usefixtures("restored_environ")

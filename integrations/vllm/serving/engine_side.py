@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, ParamSpec, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TextIO, TypeVar
 
 from retire_core import (
     Command,
@@ -68,6 +68,9 @@ from .engine_commands import EngineCommands
 from .ledger import BlockLedger
 from .records import Admission, EngineTime, Histogram, ManagedRequest, ScopeInfo
 from .scope_calls import ScopeCalls
+
+if TYPE_CHECKING:
+    from .step_digests import StepDigests
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -311,13 +314,14 @@ class EngineSide:
         return sorted({*self._completed, *self._ending})
 
     @_hook("commit")
-    def after_commit(
-        self, outputs: dict[int, Any], step_digests: list[dict[int, str]] | None = None
-    ) -> None:
+    def after_commit(self, outputs: dict[int, Any], answer: StepDigests | None = None) -> None:
         """Close the writers of the blocks the step filled (with the digests the workers took
-        within the step, ``step_digests``: one table per rank, when they came back), gate each
-        managed output at the engine boundary (a dropped one is removed: it never leaves this
-        process), close finished requests, then carry out what the step boundary deferred."""
+        within the step, ``answer``, when it came back), gate each managed output at the engine
+        boundary (a dropped one is removed: it never leaves this process), close finished
+        requests, then carry out what the step boundary deferred."""
+        step_digests = answer.per_rank if answer is not None else None
+        if answer is not None:  # the ranks digest side by side: the step waits for the slowest
+            self.engine_time.worker_digest_seconds += max(answer.seconds, default=0.0)
         commands = self.commands
         commands.in_step = False
         if self._drafts:

@@ -109,6 +109,12 @@ class _Snapshot:
             "(the blocks a step filled, the byte check before an adoption)",
             value=engine_time["worker_seconds"],
         )
+        yield CounterMetricFamily(
+            "retire_engine_worker_digest_seconds",
+            "the workers' time digesting, within each step, the blocks it filled (the slowest "
+            "rank's; inside the forward pass's time, not in the hooks' seconds)",
+            value=engine_time["worker_digest_seconds"],
+        )
         api = CounterMetricFamily(
             "retire_api_seconds",
             "API-process time in Retire's per-output code, by part (gate: the publication check "

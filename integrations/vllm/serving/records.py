@@ -99,12 +99,16 @@ class EngineTime:
     share of a step is the schedule and commit hooks' seconds over ``step_seconds``. Of the
     hooks' time, ``worker_seconds`` is spent waiting for the workers to digest KV blocks (the
     blocks a step filled, the byte check before an adoption): a round trip to the worker
-    processes, which digests computed in the worker within the step would save."""
+    processes, which digests computed in the worker within the step would save.
+    ``worker_digest_seconds`` is what those digests cost the steps instead: the workers' time
+    digesting the blocks named for each step (the slowest rank's), inside the forward pass's
+    time and so not in the hooks' seconds; Retire's part of a step counts both."""
 
     hooks: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(ENGINE_HOOKS, 0.0))
     steps: int = 0
     step_seconds: float = 0.0
     worker_seconds: float = 0.0
+    worker_digest_seconds: float = 0.0
     inside: bool = False  # a hook is running (nested hooks are not counted again)
     # when each step not committed yet was scheduled (oldest first: with a batch queue,
     # steps are scheduled ahead of the commit of the one before)
@@ -135,6 +139,7 @@ class EngineTime:
             "steps": self.steps,
             "step_seconds": self.step_seconds,
             "worker_seconds": self.worker_seconds,
+            "worker_digest_seconds": self.worker_digest_seconds,
         }
 
 

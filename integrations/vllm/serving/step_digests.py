@@ -22,6 +22,7 @@ core decides.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -129,16 +130,22 @@ class StepBlocks(KVConnectorMetadata):
 
 class StepDigests(KVConnectorWorkerMetadata):
     """Workers -> scheduler, one per step: the digests of the step's ``StepBlocks``, one table per
-    rank in rank order (vLLM aggregates the ranks' answers in that order)."""
+    rank in rank order (vLLM aggregates the ranks' answers in that order), and the seconds each
+    rank spent digesting them (inside the step: Retire's part of the forward pass's time)."""
 
-    def __init__(self, step: int, per_rank: list[dict[int, str]]) -> None:
+    def __init__(
+        self, step: int, per_rank: list[dict[int, str]], seconds: list[float] | None = None
+    ) -> None:
         self.step = step
         self.per_rank = per_rank
+        self.seconds = seconds if seconds is not None else [0.0] * len(per_rank)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, StepDigests) or other.step != self.step:
             raise ValueError("step digests of different steps cannot be aggregated")
-        return StepDigests(self.step, [*self.per_rank, *other.per_rank])
+        return StepDigests(
+            self.step, [*self.per_rank, *other.per_rank], [*self.seconds, *other.seconds]
+        )
 
 
 def name_blocks(scheduler_output: Any, blocks: list[int]) -> None:
@@ -149,15 +156,15 @@ def name_blocks(scheduler_output: Any, blocks: list[int]) -> None:
         meta.blocks = blocks
 
 
-def digests_of(scheduler_output: Any, model_runner_output: Any) -> list[dict[int, str]]:
-    """The per-rank digests that came back with this step's output for its ``StepBlocks``, or
-    ``[]`` if none did (no connector, or a step whose workers did not digest)."""
+def digests_of(scheduler_output: Any, model_runner_output: Any) -> StepDigests | None:
+    """The workers' answer that came back with this step's output for its ``StepBlocks``, or
+    ``None`` if none did (no connector, or a step whose workers did not digest)."""
     meta = _ours(getattr(scheduler_output, "kv_connector_metadata", None), StepBlocks)
     connector_output = getattr(model_runner_output, "kv_connector_output", None)
     answer = _ours(getattr(connector_output, "kv_connector_worker_meta", None), StepDigests)
     if meta is not None and answer is not None and answer.step == meta.step:
-        return answer.per_rank
-    return []
+        return answer
+    return None
 
 
 class StepDigestConnector(KVConnectorBase_V1, SupportsHMA):
@@ -222,8 +229,9 @@ class StepDigestConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._get_connector_metadata()
         if not isinstance(meta, StepBlocks):
             return
+        began = time.perf_counter()
         digests = kv_digest.block_digests(self._caches, meta.blocks) if meta.blocks else {}
-        self._answer = StepDigests(meta.step, [digests])
+        self._answer = StepDigests(meta.step, [digests], [time.perf_counter() - began])
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         answer, self._answer = self._answer, None
