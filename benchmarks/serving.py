@@ -137,11 +137,13 @@ async def _round(
         return out
 
     before = await _engine_time(server) if scoped_requests else None
+    cpu = tree_cpu_seconds(server.proc.pid)
     t0 = time.perf_counter()
     results = [
         r for rs in await asyncio.gather(*(client(k) for k in range(args.clients))) for r in rs
     ]
     wall = time.perf_counter() - t0
+    cpu = tree_cpu_seconds(server.proc.pid) - cpu
     engine = _minus(await _engine_time(server), before) if before is not None else None
     async with httpx.AsyncClient() as h:
         for scope in scopes:
@@ -154,8 +156,27 @@ async def _round(
         "opening_queue": [r["opening_queue"] for r in results],
         "tokens": 64 * len(results),
         "wall": wall,
+        "cpu_seconds": cpu,
         "engine_time": engine,
     }
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) a server has spent so far: the process ``pid`` and every
+    process under it (the API process, the engine core, its workers). Unlike a latency, it
+    counts every part of a server's work, Retire's included wherever it runs, and it adds up
+    the same way however the processes were scheduled."""
+    import psutil  # type: ignore[import-untyped]
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:  # ended in between: its time is gone with it
+            continue
+        total += times.user + times.system
+    return total
 
 
 async def _engine_time(server: Server) -> dict[str, float]:
@@ -377,6 +398,9 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
         "itl_p50_ms": 1000 * _pct(itl, 0.5),
         "itl_p99_ms": 1000 * _pct(itl, 0.99),
         "tokens_per_s": sum(r["tokens"] for r in rounds) / sum(r["wall"] for r in rounds),
+        "cpu_ms_per_token": 1000
+        * sum(r["cpu_seconds"] for r in rounds)
+        / sum(r["tokens"] for r in rounds),
     }
     openings = [
         (t, o, q)
@@ -578,12 +602,15 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(report, indent=2))
         return 0
     report = run(args)
-    print(f"{'':>12} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>8}")
+    print(
+        f"{'':>12} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>8} "
+        f"{'CPU ms/token':>12}"
+    )
     for name in ("stock", "retire", "retire_nolog"):
         r = report[name]
         print(
             f"{name:>12} {r['ttft_p50_ms']:9.2f} {r['ttft_p99_ms']:9.2f} {r['itl_p50_ms']:8.2f} "
-            f"{r['itl_p99_ms']:8.2f} {r['tokens_per_s']:8.1f}"
+            f"{r['itl_p99_ms']:8.2f} {r['tokens_per_s']:8.1f} {r['cpu_ms_per_token']:12.3f}"
         )
     for name in ("retire", "retire_nolog"):
         r = report[name]

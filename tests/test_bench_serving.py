@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -18,6 +22,7 @@ from retire_bench.serving import (
     _revision_summary,
     _summary,
     load_seed,
+    tree_cpu_seconds,
 )
 
 NAN = float("nan")
@@ -87,6 +92,7 @@ def test_a_load_rounds_openings_are_those_of_its_scoped_requests() -> None:
             "opening_queue": queue,
             "tokens": 64 * n,
             "wall": 1.0,
+            "cpu_seconds": 0.032 * n,
         }
 
     scoped = _summary([round_of([0.100, 0.200, 0.300], [0.010, 0.020, 0.030], [0.004] * 3)])
@@ -95,3 +101,21 @@ def test_a_load_rounds_openings_are_those_of_its_scoped_requests() -> None:
     assert scoped["ttft_after_opening_p50_ms"] == pytest.approx(180.0)
     stock = _summary([round_of([0.100, 0.200], [NAN, NAN], [NAN, NAN])])
     assert "opening_p50_ms" not in stock and stock["ttft_p50_ms"] == pytest.approx(200.0)
+    assert stock["cpu_ms_per_token"] == pytest.approx(0.5)  # 32 ms of CPU per 64 tokens
+
+
+def test_a_servers_cpu_time_counts_the_processes_under_it() -> None:
+    """What a child process spent (the engine core, the workers) counts as the server's."""
+    import psutil
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        spinner = psutil.Process(child.pid)
+        while sum(spinner.cpu_times()[:2]) < 0.3:  # it has spent more than its parent will
+            time.sleep(0.05)
+        own = sum(psutil.Process().cpu_times()[:2])
+        spent = sum(spinner.cpu_times()[:2])
+        assert tree_cpu_seconds(os.getpid()) >= own + spent
+    finally:
+        child.kill()
+        child.wait()
