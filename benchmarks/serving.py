@@ -143,7 +143,7 @@ async def _round(
         r for rs in await asyncio.gather(*(client(k) for k in range(args.clients))) for r in rs
     ]
     wall = time.perf_counter() - t0
-    cpu = tree_cpu_seconds(server.proc.pid) - cpu
+    cpu = _minus(tree_cpu_seconds(server.proc.pid), cpu)
     engine = _minus(await _engine_time(server), before) if before is not None else None
     async with httpx.AsyncClient() as h:
         for scope in scopes:
@@ -161,22 +161,36 @@ async def _round(
     }
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) a server has spent so far: the process ``pid`` and every
-    process under it (the API process, the engine core, its workers). Unlike a latency, it
-    counts every part of a server's work, Retire's included wherever it runs, and it adds up
-    the same way however the processes were scheduled."""
+#: The processes of a server whose CPU time is told apart (by vLLM's process titles; the
+#: process the server was started as is its API process).
+CPU_ROLES = ("api", "engine_core", "workers", "other")
+
+
+def tree_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds (user and system) a server has spent so far, by ``CPU_ROLES``: the process
+    ``pid`` (the API process) and every process under it (the engine core, its workers, vLLM's
+    helpers). Unlike a latency, it counts every part of a server's work, Retire's included
+    wherever it runs, and it adds up the same way however the processes were scheduled."""
     import psutil  # type: ignore[import-untyped]
 
     root = psutil.Process(pid)
-    total = 0.0
+    spent = dict.fromkeys(CPU_ROLES, 0.0)
     for process in [root, *root.children(recursive=True)]:
         try:
-            times = process.cpu_times()
+            times, name = process.cpu_times(), process.name()
         except psutil.NoSuchProcess:  # ended in between: its time is gone with it
             continue
-        total += times.user + times.system
-    return total
+        role = (
+            "api"
+            if process.pid == pid
+            else "engine_core"
+            if name.startswith("VLLM::EngineCore")
+            else "workers"
+            if name.startswith("VLLM::Worker")
+            else "other"
+        )
+        spent[role] += times.user + times.system
+    return spent
 
 
 async def _engine_time(server: Server) -> dict[str, float]:
@@ -398,10 +412,13 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
         "itl_p50_ms": 1000 * _pct(itl, 0.5),
         "itl_p99_ms": 1000 * _pct(itl, 0.99),
         "tokens_per_s": sum(r["tokens"] for r in rounds) / sum(r["wall"] for r in rounds),
-        "cpu_ms_per_token": 1000
-        * sum(r["cpu_seconds"] for r in rounds)
-        / sum(r["tokens"] for r in rounds),
     }
+    tokens = sum(r["tokens"] for r in rounds)
+    for role in CPU_ROLES:
+        summary[f"cpu_ms_per_token_{role}"] = (
+            1000 * sum(r["cpu_seconds"][role] for r in rounds) / tokens
+        )
+    summary["cpu_ms_per_token"] = sum(summary[f"cpu_ms_per_token_{r}"] for r in CPU_ROLES)
     openings = [
         (t, o, q)
         for r in rounds
@@ -510,8 +527,8 @@ def run(args: Any) -> dict[str, Any]:
         "stock": s,
         "retire": t,
         "retire_nolog": q,
-        "ratio_retire_over_stock": {k: t[k] / s[k] for k in s},
-        "ratio_retire_nolog_over_stock": {k: q[k] / s[k] for k in s},
+        "ratio_retire_over_stock": {k: t[k] / s[k] for k in s if s[k]},
+        "ratio_retire_nolog_over_stock": {k: q[k] / s[k] for k in s if s[k]},
         "added_itl_p50_percent": 100 * (t["itl_p50_ms"] / s["itl_p50_ms"] - 1),
         # what the engine side measured of itself during the same rounds
         "engine_time_retire": engine_share(by["retire"]),
@@ -611,6 +628,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:>12} {r['ttft_p50_ms']:9.2f} {r['ttft_p99_ms']:9.2f} {r['itl_p50_ms']:8.2f} "
             f"{r['itl_p99_ms']:8.2f} {r['tokens_per_s']:8.1f} {r['cpu_ms_per_token']:12.3f}"
+        )
+    for name in ("stock", "retire", "retire_nolog"):
+        r = report[name]
+        print(
+            f"{name} CPU ms per token: "
+            + ", ".join(f"{role} {r[f'cpu_ms_per_token_{role}']:.3f}" for role in CPU_ROLES)
         )
     for name in ("retire", "retire_nolog"):
         r = report[name]

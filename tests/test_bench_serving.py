@@ -92,7 +92,12 @@ def test_a_load_rounds_openings_are_those_of_its_scoped_requests() -> None:
             "opening_queue": queue,
             "tokens": 64 * n,
             "wall": 1.0,
-            "cpu_seconds": 0.032 * n,
+            "cpu_seconds": {
+                "api": 0.008 * n,
+                "engine_core": 0.008 * n,
+                "workers": 0.016 * n,
+                "other": 0.0,
+            },
         }
 
     scoped = _summary([round_of([0.100, 0.200, 0.300], [0.010, 0.020, 0.030], [0.004] * 3)])
@@ -102,6 +107,7 @@ def test_a_load_rounds_openings_are_those_of_its_scoped_requests() -> None:
     stock = _summary([round_of([0.100, 0.200], [NAN, NAN], [NAN, NAN])])
     assert "opening_p50_ms" not in stock and stock["ttft_p50_ms"] == pytest.approx(200.0)
     assert stock["cpu_ms_per_token"] == pytest.approx(0.5)  # 32 ms of CPU per 64 tokens
+    assert stock["cpu_ms_per_token_workers"] == pytest.approx(0.25)
 
 
 def test_a_servers_cpu_time_counts_the_processes_under_it() -> None:
@@ -115,7 +121,8 @@ def test_a_servers_cpu_time_counts_the_processes_under_it() -> None:
             time.sleep(0.05)
         own = sum(psutil.Process().cpu_times()[:2])
         spent = sum(spinner.cpu_times()[:2])
-        assert tree_cpu_seconds(os.getpid()) >= own + spent
+        spent_by_role = tree_cpu_seconds(os.getpid())
+        assert spent_by_role["api"] >= own and spent_by_role["other"] >= spent
     finally:
         child.kill()
         child.wait()
