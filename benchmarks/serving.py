@@ -435,7 +435,7 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
 def _command(args: Any) -> str:
     """The command line that repeats this run."""
     flags = []
-    only_revisions = ("trials", "revisions_only", "apart", "model_size")
+    only_revisions = ("trials", "revisions_only", "apart", "model_size", "step_digests")
     for key, value in vars(args).items():
         flag = "--" + key.replace("_", "-")
         if key == "json" or value is False or (args.revisions_only and key not in only_revisions):
@@ -462,7 +462,9 @@ def client_cpus(placement: dict[str, list[int]] | None) -> None:
         os.sched_setaffinity(0, placement["client"])
 
 
-def retire_server(tmp: Path, model_size: str, *, log: bool = True) -> RetireServer:
+def retire_server(
+    tmp: Path, model_size: str, *, log: bool = True, step_digests: str = "on"
+) -> RetireServer:
     """``retire serve`` with a locally built model (``tiny``: the embedded default) and the same
     engine options stock vLLM's server gets for it (``model_options``): left to its defaults,
     ``retire serve`` would run the default model without vLLM's stats logging, which stock's
@@ -470,7 +472,12 @@ def retire_server(tmp: Path, model_size: str, *, log: bool = True) -> RetireServ
     from retire_vllm.default_model import ensure_default_model
 
     model = str(ensure_default_model(size=model_size))
-    return RetireServer(tmp, options=[model, *model_options(model, 1024)], log=log)
+    return RetireServer(
+        tmp,
+        ["--retire-step-digests", step_digests],
+        options=[model, *model_options(model, 1024)],
+        log=log,
+    )
 
 
 def run_revisions(args: Any) -> dict[str, Any]:
@@ -479,7 +486,9 @@ def run_revisions(args: Any) -> dict[str, Any]:
     other): where a revision's time goes (its Server-Timing phases), per trial."""
     placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
-    quiet = retire_server(tmp / "retire-nolog", args.model_size, log=False)
+    quiet = retire_server(
+        tmp / "retire-nolog", args.model_size, log=False, step_digests=args.step_digests
+    )
     client_cpus(placement)
     report: dict[str, Any] = {
         "command": _command(args),
@@ -499,8 +508,10 @@ def run_revisions(args: Any) -> dict[str, Any]:
 def run(args: Any) -> dict[str, Any]:
     placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
-    retire = retire_server(tmp / "retire", args.model_size)
-    quiet = retire_server(tmp / "retire-nolog", args.model_size, log=False)
+    retire = retire_server(tmp / "retire", args.model_size, step_digests=args.step_digests)
+    quiet = retire_server(
+        tmp / "retire-nolog", args.model_size, log=False, step_digests=args.step_digests
+    )
     stock = StockServer(tmp / "stock", retire.model)
     client_cpus(placement)
     try:
@@ -605,6 +616,13 @@ def main(argv: list[str] | None = None) -> int:
         default="tiny",
         help="the locally built model both servers run: tiny (the default model, steps of a few "
         "ms here) or small (hidden 512, 4 layers: a heavier step)",
+    )
+    p.add_argument(
+        "--step-digests",
+        choices=("on", "off"),
+        default="on",
+        help="retire serve's --retire-step-digests: the workers digest a step's blocks within "
+        "the step through a KV connector (on), or the engine side reads them after it (off)",
     )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)

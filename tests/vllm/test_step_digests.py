@@ -168,3 +168,9 @@ def test_retire_serve_installs_the_connector_beside_the_users_and_not_with_draft
     assert kept.kv_connector_module_path == "theirs.multi"  # a class of their own is kept
     drafts = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}'
     assert parse(["--speculative-config", drafts]).kv_transfer_config is None
+    assert parse(["--retire-step-digests", "off"]).kv_transfer_config is None
+    assert parse(["--retire-step-digests", "on"]).kv_transfer_config.kv_connector == (
+        "StepDigestConnector"
+    )
+    with pytest.raises(SystemExit):
+        parse(["--retire-step-digests", "sometimes"])

@@ -10,8 +10,9 @@ blocks a step fills within that step; beside a connector of the user's through
 default model (built locally on first use, nothing downloaded), with CPU engine settings that a
 given option overrides. Retire's own options, removed before vLLM parses the rest:
 ``--retire-log PATH`` (the core's transitions, one JSON object per line, for
-``retire validate-trace``) and ``--retire-scope-ttl SECONDS`` (idle scopes are cancelled after
-this long; default 900).
+``retire validate-trace``), ``--retire-scope-ttl SECONDS`` (idle scopes are cancelled after
+this long; default 900) and ``--retire-step-digests on|off`` (off: no connector of Retire's; the
+engine side reads every digest after the step; default on).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def parse(argv: list[str]) -> Any:
 
     argv, log_path = _take_option(argv, "--retire-log")
     argv, ttl = _take_option(argv, "--retire-scope-ttl")
+    argv, step_digests = _take_option(argv, "--retire-step-digests")
+    if step_digests not in (None, "on", "off"):
+        raise SystemExit(f"--retire-step-digests takes on or off, not {step_digests!r}")
     parser = make_arg_parser(FlexibleArgumentParser(prog="retire serve"))  # type: ignore[no-untyped-call]
     args = parser.parse_args(argv)
     given = _given(argv)
@@ -98,7 +102,7 @@ def parse(argv: list[str]) -> Any:
         raise SystemExit(f"retire serve installs its own scheduler ({SCHEDULER})")
     args.scheduler_cls = SCHEDULER
     args.middleware = [*(args.middleware or []), MIDDLEWARE]
-    if args.speculative_config is None:
+    if args.speculative_config is None and step_digests != "off":
         # the workers digest the blocks a step fills within the step (``step_digests``, beside
         # a connector of the user's); with speculative decoding (whose draft pass runs after
         # the connector's per-step answer) the engine side reads them after the step instead
