@@ -11,14 +11,19 @@ outside the timing). Two ``retire serve`` servers run: one writing the core's tr
 server: time to first token and inter-token latency (p50, p99; a request's inter-token latency
 is the time from its first token to its last over the tokens in between, as vLLM's own
 benchmark defines it: chunks reach a client in bursts), completion tokens per second, each
-round's ITL p50; Retire over stock as ratios; and, for the Retire servers, the engine core's own
-account of Retire's time during the rounds (``retire_engine_*`` on ``/metrics``: its hooks inside
-the steps per step and as a share of the step) and the API process's (``retire_api_*``: its
+round's ITL p50, and the server's CPU time per completion token by process (API process,
+engine core, workers: the measure that counts Retire's work wherever it runs); Retire over stock
+as ratios; and, for the Retire servers, each scoped request's opening (its ``Server-Timing``)
+beside its time to first token, the engine core's own account of Retire's time during the
+rounds (``retire_engine_*`` on ``/metrics``: its hooks inside the steps per step and as a share
+of the step, the workers' digests within the steps) and the API process's (``retire_api_*``: its
 per-output code, per output and per step). Then the revision
 latency over HTTP, on each ``retire serve`` server: from sending a revision to the arrival of the
 old stream's terminal (``superseded``) chunk at the client, and to the revision's response headers
 (accepted), split into the revision's ``Server-Timing`` phases (``retire_vllm.serving.wire``)
-and the rest (HTTP in, the fence's terminal output back to the client); ``--revisions-only``
+and the rest of the close (HTTP in, the fence's terminal output back to the client);
+``--step-digests off`` runs the Retire servers without the step digests' connector;
+``--revisions-only``
 runs just these trials on one server, once with each reader of the old stream: ``raw`` (SSE
 lines, a reader that keeps up) and ``openai`` (the client's chunks); ``--reader`` picks one for
 the full run. ``--apart`` puts the client on a CPU of its own and the servers on the others,
@@ -30,7 +35,8 @@ stream through ``retire_vllm.client.each_chunk``, so a long old stream does not 
 revision sent beside it.
 
 ``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
-[--revisions-only] [--reader openai|raw] [--apart] [--model-size tiny|small] [--json PATH]``
+[--revisions-only] [--reader openai|raw] [--apart] [--model-size tiny|small]
+[--step-digests on|off] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -180,17 +186,16 @@ def tree_cpu_seconds(pid: int) -> dict[str, float]:
             times, name = process.cpu_times(), process.name()
         except psutil.NoSuchProcess:  # ended in between: its time is gone with it
             continue
-        role = (
-            "api"
-            if process.pid == pid
-            else "engine_core"
-            if name.startswith("VLLM::EngineCore")
-            else "workers"
-            if name.startswith("VLLM::Worker")
-            else "other"
-        )
-        spent[role] += times.user + times.system
+        spent["api" if process.pid == pid else _cpu_role(name)] += times.user + times.system
     return spent
+
+
+def _cpu_role(name: str) -> str:
+    if name.startswith("VLLM::EngineCore"):
+        return "engine_core"
+    if name.startswith("VLLM::Worker"):
+        return "workers"
+    return "other"
 
 
 async def _engine_time(server: Server) -> dict[str, float]:
