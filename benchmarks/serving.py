@@ -176,7 +176,8 @@ def tree_cpu_seconds(pid: int) -> dict[str, float]:
     """CPU seconds (user and system) a server has spent so far, by ``CPU_ROLES``: the process
     ``pid`` (the API process) and every process under it (the engine core, its workers, vLLM's
     helpers). Unlike a latency, it counts every part of a server's work, Retire's included
-    wherever it runs, and it adds up the same way however the processes were scheduled."""
+    wherever it runs, and it adds up the same way however the processes were scheduled; it also
+    counts busy waiting (vLLM's engine core spins on the workers' answer through the step)."""
     import psutil  # type: ignore[import-untyped]
 
     root = psutil.Process(pid)
