@@ -100,3 +100,16 @@ def test_the_serving_benchmark_reads_the_header_back() -> None:
         "retire-admission": 250.0,
     }
     assert _server_timing("") == {}
+
+
+def test_a_request_runs_as_an_admitted_version_only_when_the_api_process_stamped_it() -> None:
+    import types
+
+    def request(extra_args: dict[str, object] | None) -> object:
+        return types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=extra_args))
+
+    stamped = {wire.XARG_SCOPE: "s", wire.XARG_VERSION: 3}
+    assert wire.admitted_version(request(stamped)) == ("s", 3)
+    assert wire.admitted_version(request({wire.XARG_SCOPE: "s"})) is None  # not admitted yet
+    assert wire.admitted_version(request(None)) is None
+    assert wire.admitted_version(types.SimpleNamespace(sampling_params=None)) is None  # pooling

@@ -83,7 +83,7 @@ def test_ranks_aggregate_in_rank_order_and_only_within_one_step(sd: ModuleType) 
     assert isinstance(merged, sd.StepDigests) and merged.per_rank == [{1: "a"}, {1: "b"}]
     assert merged.seconds == [0.5, 0.75]  # each rank's time digesting, in rank order
     with pytest.raises(ValueError):
-        first.aggregate(sd.StepDigests(4, [{1: "c"}]))
+        first.aggregate(sd.StepDigests(4, [{1: "c"}], [0.1]))
 
 
 def test_the_engine_side_takes_only_the_answer_of_the_step_it_commits(sd: ModuleType) -> None:
@@ -97,7 +97,9 @@ def test_the_engine_side_takes_only_the_answer_of_the_step_it_commits(sd: Module
 
     answer = sd.digests_of(scheduled, output(sd.StepDigests(5, [{2: "d"}], [0.25])))
     assert (answer.per_rank, answer.seconds) == ([{2: "d"}], [0.25])
-    assert sd.digests_of(scheduled, output(sd.StepDigests(4, [{2: "d"}]))) is None  # another step
+    assert (
+        sd.digests_of(scheduled, output(sd.StepDigests(4, [{2: "d"}], [0.1]))) is None
+    )  # another step
     assert sd.digests_of(scheduled, output(None)) is None  # the workers did not digest
     assert sd.digests_of(types.SimpleNamespace(kv_connector_metadata=None), output(None)) is None
     plain = types.SimpleNamespace(kv_connector_metadata=None)
@@ -128,7 +130,7 @@ def test_inside_a_multiconnector_the_engine_side_finds_its_own_part(sd: ModuleTy
     )
     sd.name_blocks(scheduled, [4, 7])
     assert ours.blocks == [4, 7] and theirs.blocks == []
-    answer = MultiKVConnectorWorkerMetadata(metadata=(None, sd.StepDigests(5, [{4: "a"}])))
+    answer = MultiKVConnectorWorkerMetadata(metadata=(None, sd.StepDigests(5, [{4: "a"}], [0.1])))
     output = types.SimpleNamespace(
         kv_connector_output=types.SimpleNamespace(kv_connector_worker_meta=answer)
     )

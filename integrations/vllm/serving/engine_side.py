@@ -218,10 +218,10 @@ class EngineSide:
     def on_add_request(self, request: Any) -> None:
         """A request reached the scheduler: an admitted version's request starts its
         participants (the core answers with a Fence if the version lost authority meanwhile)."""
-        args = request.sampling_params.extra_args if request.sampling_params else None
-        if not args or wire.XARG_VERSION not in args or self.retire is None:
+        admitted = wire.admitted_version(request)
+        if admitted is None or self.retire is None:
             return
-        scope, version = str(args[wire.XARG_SCOPE]), int(args[wire.XARG_VERSION])
+        scope, version = admitted
         rid = request.request_id
         admission = self.admissions.pop((scope, version), None)
         if admission is None:  # lost authority before its request arrived
@@ -319,8 +319,9 @@ class EngineSide:
         within the step, ``answer``, when it came back), gate each managed output at the engine
         boundary (a dropped one is removed: it never leaves this process), close finished
         requests, then carry out what the step boundary deferred."""
-        step_digests = answer.per_rank if answer is not None else None
+        step_digests: list[dict[int, str]] = []
         if answer is not None:  # the ranks digest side by side: the step waits for the slowest
+            step_digests = answer.per_rank
             self.engine_time.worker_digest_seconds += max(answer.seconds, default=0.0)
         commands = self.commands
         commands.in_step = False

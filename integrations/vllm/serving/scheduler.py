@@ -16,7 +16,6 @@ makes the core log's last lines durable.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from ..scheduler import RetireScheduler, commit_without
@@ -71,13 +70,3 @@ class RetireServingScheduler(RetireScheduler):
             scheduler_output = super().schedule(throttle_prefills)
         step_digests.name_blocks(scheduler_output, side.blocks_to_digest())
         return scheduler_output
-
-
-def managed(requests: Iterable[Any]) -> list[str]:
-    """Ids of the requests that carry a Retire version (tests)."""
-    out = []
-    for r in requests:
-        args = r.sampling_params.extra_args if r.sampling_params else None
-        if args and wire.XARG_VERSION in args:
-            out.append(r.request_id)
-    return out

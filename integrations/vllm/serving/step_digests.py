@@ -98,8 +98,7 @@ class MultiConnector(VllmMultiConnector):
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        params = getattr(request, "sampling_params", None)
-        if params is not None and wire.XARG_VERSION in (params.extra_args or {}):
+        if wire.admitted_version(request) is not None:
             return 0, False
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
@@ -133,12 +132,10 @@ class StepDigests(KVConnectorWorkerMetadata):
     rank in rank order (vLLM aggregates the ranks' answers in that order), and the seconds each
     rank spent digesting them (inside the step: Retire's part of the forward pass's time)."""
 
-    def __init__(
-        self, step: int, per_rank: list[dict[int, str]], seconds: list[float] | None = None
-    ) -> None:
+    def __init__(self, step: int, per_rank: list[dict[int, str]], seconds: list[float]) -> None:
         self.step = step
         self.per_rank = per_rank
-        self.seconds = seconds if seconds is not None else [0.0] * len(per_rank)
+        self.seconds = seconds
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, StepDigests) or other.step != self.step:

@@ -20,6 +20,18 @@ XARG_SCOPE = "retire_scope"
 XARG_TENANT = "retire_tenant"
 #: Set by the API process once the authority admitted the version (never by a client).
 XARG_VERSION = "retire_version"
+
+
+def admitted_version(request: Any) -> tuple[str, int] | None:
+    """The (scope, version) a vLLM request runs as, if the API process stamped it with an
+    admitted version (a scoped request); ``None`` for any other request."""
+    params = getattr(request, "sampling_params", None)
+    args = params.extra_args if params is not None else None
+    if not args or XARG_VERSION not in args:
+        return None
+    return str(args[XARG_SCOPE]), int(args[XARG_VERSION])
+
+
 #: Headers that do the same as the two ``vllm_xargs`` keys.
 HEADER_SCOPE = "x-retire-scope"
 HEADER_TENANT = "x-retire-tenant"
