@@ -33,6 +33,10 @@ class _Side:
         self.ran: list[str] = []
         self.written = _File()
         self.log = JsonLinesBuffer(self.written)
+        self.running = 1  # requests the engine still runs
+
+    def idle(self) -> bool:
+        return not self.running
 
     @_hook("utility")
     def utility(self) -> None:
@@ -87,6 +91,17 @@ def test_log_lines_are_written_when_the_outermost_hook_returns() -> None:
     assert side.written.durable == 0  # lines of steps wait in the file's buffer
     side.utility()  # a utility call's answer: its lines (and all before) are handed on
     assert side.written.durable == 1 and side.written.getvalue().count("\n") == 3
+
+
+def test_log_lines_are_made_durable_when_the_engine_goes_idle() -> None:
+    side = _Side()
+    side.outer()
+    assert side.written.durable == 0  # a request still runs: the lines wait in the buffer
+    side.running = 0
+    side.outer()  # the commit that finished the last request: nothing more is coming
+    assert side.written.durable == 1 and side.written.getvalue().count("\n") == 2
+    side.inner()  # and so after a request finished from outside (vLLM's abort)
+    assert side.written.durable == 2
 
 
 class _Stage(Enum):

@@ -433,7 +433,13 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(_ASYNC, "AsyncLLM.output_processor", _I, use="(e)"),
     Hook("vllm.sampling_params", "RequestOutputKind.DELTA", _M, use="(e) merging collector"),
     # --- the facade, its scheduler subclass and the checker (facade.py, scheduler.py, ...) ------
-    Hook(_SCHED, "Scheduler.has_unfinished_requests", _C, (), "facade: attach only when idle"),
+    Hook(
+        _SCHED,
+        "Scheduler.has_unfinished_requests",
+        _C,
+        (),
+        "facade: attach only when idle; serving: an idle engine's core log made durable",
+    ),
     Hook(_SCHED, "Scheduler.get_num_unfinished_requests", _C, (), "facade: has_unfinished"),
     Hook("vllm.config.model", "ModelConfig.max_model_len", _F, use="facade: prompt check"),
     Hook(_SCHED, "Scheduler.block_size", _I, use="checker: reference block digests"),

@@ -693,6 +693,20 @@ def test_core_log_is_written(retire_server: RetireServer) -> None:
     assert '"trigger": "Submit"' in text
 
 
+def test_an_idle_engines_core_log_is_on_disk(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    """vLLM's shutdown kills the engine core before the scheduler's ``shutdown`` runs, so the
+    lines of a version that ran to its end must reach the disk once the engine has nothing left
+    to run, with no scope call after them (a call's answer makes its own lines durable)."""
+    assert retire_server.core_log is not None
+    complete(client, retire_server.model, prompt(77, 40), 4, **scoped("durable"))
+    lines = [json.loads(line) for line in retire_server.core_log.read_text().splitlines()]
+    mine = [line["transition"] for line in lines if line.get("scope") == "durable"]
+    assert mine[0] == "open" and "finish" in mine, mine
+    assert cancel(retire_server, "durable").status_code == 200
+
+
 def test_metrics_extend_vllms_own(client: openai.OpenAI, retire_server: RetireServer) -> None:
     model = retire_server.model
     base = prompt(60, 100)

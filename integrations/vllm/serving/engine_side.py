@@ -86,12 +86,18 @@ DP_SIZE_ENV = "RETIRE_DATA_PARALLEL_SIZE"
 LOG_BUFFER = 1 << 16
 
 
+#: The hooks after which the engine core may have nothing left to run (a request finished).
+MAY_GO_IDLE = frozenset({"commit", "finished_outside"})
+
+
 def _hook(
     hook: str,
 ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """An ``EngineSide`` method vLLM calls (a hook): its time is counted in
-    ``engine_time.hooks[hook]`` and the core log lines it made are written when it returns
-    (made durable after a utility call: a client that saw its answer can read them). A hook
+    ``engine_time.hooks[hook]`` and the core log lines it made are written when it returns,
+    made durable after a utility call (a client that saw its answer can read them) and when the
+    engine has no request left (``idle``): vLLM kills the engine core at shutdown before the
+    scheduler's ``shutdown`` runs, so an idle engine's log must already be on disk. A hook
     entered from inside another is part of the outer one (counted and written there)."""
 
     def wrap(method: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -107,7 +113,9 @@ def _hook(
                 return method(*args, **kwargs)
             finally:
                 try:
-                    side.log.flush(durable=hook == "utility")
+                    side.log.flush(
+                        durable=hook == "utility" or (hook in MAY_GO_IDLE and side.idle())
+                    )
                 finally:
                     clock.inside = False
                     clock.hooks[hook] += time.perf_counter() - began
@@ -439,8 +447,14 @@ class EngineSide:
                 self.count("pages_reused")
                 self.commands.run(self.decide([PageReused(bid)]))
 
+    def idle(self) -> bool:
+        """The scheduler holds no request that is not finished (nothing more to log until a
+        request or a utility call arrives)."""
+        return not self.scheduler.has_unfinished_requests()
+
     def shutdown(self) -> None:
-        """The engine core is stopping: the core log's last lines go to the OS."""
+        """The engine core is stopping (when vLLM lets it get this far): the core log's last
+        lines go to the OS."""
         self.log.flush(durable=True)
 
     def count(self, name: str, n: int = 1) -> None:

@@ -10,7 +10,8 @@ names to the workers, after the schedule, the blocks whose writers will close at
 commit (``EngineSide.blocks_to_digest``), and hands the digests they took back to the engine
 side at the commit. Requests without a scope pass untouched. It
 also times each step (schedule to the end of the commit) for ``EngineTime``, and at shutdown
-makes the core log's last lines durable.
+makes the core log's last lines durable (when vLLM lets its shutdown get that far: the engine
+side also makes them durable whenever the engine goes idle).
 """
 
 from __future__ import annotations
