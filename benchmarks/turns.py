@@ -141,14 +141,13 @@ def summary(conversations: list[list[dict[str, Any]]], turns_each: int) -> list[
     return rows
 
 
-def run(args: Any) -> dict[str, Any]:
+def run(args: Any, command: str) -> dict[str, Any]:
     placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-turns-bench-"))
     retire = retire_server(tmp / "retire", args.model_size)
     stock = StockServer(tmp / "stock", retire.model)
     client_cpus(placement)
     by: dict[str, list[list[dict[str, Any]]]] = {"stock": [], "retire": []}
-    verdict = ""
     try:
         servers = [("stock", stock, False), ("retire", retire, True)]
         for r in range(args.rounds):
@@ -159,7 +158,7 @@ def run(args: Any) -> dict[str, Any]:
         stock.stop()
         verdict = retire.close()
     report: dict[str, Any] = {
-        "command": "python -m retire_bench.turns " + " ".join(sys.argv[1:]),
+        "command": command,
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
         "placement": placement or "shared: client and servers on every CPU",
         "core_log": verdict.strip(),
@@ -212,13 +211,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the client on a CPU of its own, the servers on the others (as retire_bench.serving)",
     )
     parser.add_argument("--json", type=Path)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     for name in ("clients", "conversations", "turns", "prompt", "output", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.message < 0:
         parser.error("--message must not be negative")
-    report = run(args)
+    report = run(args, " ".join(["python -m retire_bench.turns", *argv]))
     print(table(report))
     print(report["core_log"])
     if args.json is not None:
