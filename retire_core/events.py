@@ -26,6 +26,7 @@ from retire_core.ids import (
     ScopeId,
     TenantId,
     Version,
+    check_block_key,
     check_context,
     check_name,
     check_number,
@@ -80,6 +81,11 @@ def _frame(_: object, __: object, v: int) -> None:
 
 def _context(_: object, __: object, v: tuple[BlockKey, ...]) -> None:
     check_context(v)
+
+
+def _named_prefix(_: object, __: object, v: BlockKey | None) -> None:
+    if v is not None:
+        check_block_key(v)
 
 
 _frame_kind = attrs.validators.instance_of(FrameKind)
@@ -213,10 +219,16 @@ class DraftsVerified:
 
 @attrs.frozen(slots=True)
 class WriterClosed:
-    """The page's writer closed at a safe boundary, with the digest of its bytes at that moment."""
+    """The page's writer closed at a safe boundary, with the digest of its bytes at that moment.
+
+    ``prefix``: for a block past its version's context (the version's own output), the prefix
+    identity of the tokens it holds, named by the engine that wrote them. The core keeps it only
+    for a completed page whose version still holds authority (a later context may then inherit
+    the block); otherwise the page stays uninheritable, as it was."""
 
     page: PageId = attrs.field(validator=_page)
     digest: str = attrs.field(validator=attrs.validators.instance_of(str))
+    prefix: BlockKey | None = attrs.field(default=None, validator=_named_prefix)
 
 
 @attrs.frozen(slots=True)

@@ -475,6 +475,23 @@ def _tracked_page(txn: Txn, page: int, what: str) -> PageRecord:
     raise UnknownPageError(f"{what} for page {page}, which was never allocated")
 
 
+def _may_name(txn: Txn, page: PageRecord, full: bool) -> bool:
+    """May the engine name the prefix identity of this page's block at its writer's close? Only
+    a completed block past its version's context (the version's own output: the context names
+    every block before it), written while the version holds authority and was admitted, as
+    ``on_page_allocated`` requires of an inheritable context page. A name arriving after a
+    revision is dropped: the page stays uninheritable, which is never unsafe."""
+    if not full or page.prefix is not None:
+        return False
+    rec = txn.rscopes.get(page.owner)
+    return (
+        rec is not None
+        and rec.has_authority(page.version)
+        and rec.admitted
+        and page.position >= len(rec.context)
+    )
+
+
 def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
     p, digest = ev.page, ev.digest
     pages = txn.pages
@@ -488,14 +505,28 @@ def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
     # Closing a writer with unverified drafts rolls them back: the page is then incomplete, so
     # speculative bytes are never certified.
     full = page.full and not page.draft
-    pages[p] = evolve(page, writer_open=False, full=full, draft=False, digest=digest)
+    args: tuple[tuple[str, object], ...] = (("page", p), ("full", full), ("digest", digest))
+    named = ev.prefix
+    if named is None:
+        pages[p] = evolve(page, writer_open=False, full=full, draft=False, digest=digest)
+    else:
+        kept = _may_name(txn, page, full)
+        pages[p] = evolve(
+            page,
+            writer_open=False,
+            full=full,
+            draft=False,
+            digest=digest,
+            prefix=named if kept else page.prefix,
+        )
+        args += (("named", named), ("inheritable", kept))
     txn.transitions.append(
         transition(
             "close_writer",
             _FENCE_STAGE,
             owner,
             version,
-            (("page", p), ("full", full), ("digest", digest)),
+            args,
             (("writer_open", False),)
             if not page.draft
             else (("writer_open", False), ("full", full), ("draft", False)),

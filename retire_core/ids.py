@@ -50,12 +50,17 @@ def check_number(value: object, what: str) -> int:
     return value
 
 
+def check_block_key(key: object) -> BlockKey:
+    if isinstance(key, bool) or not isinstance(key, int | str | bytes):
+        raise MalformedIdError(f"block keys must be int, str or bytes, got {key!r}")
+    return key
+
+
 def check_context(value: object) -> tuple[BlockKey, ...]:
     if not isinstance(value, tuple):
         raise MalformedIdError(
             f"a context must be a tuple of block keys, got {type(value).__name__}"
         )
     for key in value:
-        if isinstance(key, bool) or not isinstance(key, int | str | bytes):
-            raise MalformedIdError(f"block keys must be int, str or bytes, got {key!r}")
+        check_block_key(key)
     return value
