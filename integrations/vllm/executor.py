@@ -6,7 +6,8 @@ class; what is the same in both lives here once: the non-re-entrant queue (a com
 reports an event, a receipt admitting a successor say, queues the commands that event produces
 behind the ones in hand), fences and byte checks waiting for the step boundary while a step runs,
 the order in which a fenced or finished request closes (handoff pins dropped, open writers closed
-with the digests of their bytes, then one receipt per participant: ranks first, the request last),
+with the digests of their bytes -- a block past the request's context also with the prefix identity
+of its tokens, ``block_name`` -- then one receipt per participant: ranks first, the request last),
 the block ledger's side of ``PinCertified``/``Adopt``/``Unpin``/``Free``/``ReleaseToCache``, and
 the checks an ``Admit`` makes before its request may run (the adopted blocks were handed over,
 under one cache salt). What differs between the hosts is a handful of methods a host overrides:
@@ -41,6 +42,7 @@ from retire_core import (
 
 from . import observe
 from .errors import IntegrationError, IsolationError
+from .identity import OutputNames
 from .serving.ledger import VERIFICATION_FAILURES, BlockLedger, BlockRef
 
 
@@ -48,7 +50,8 @@ class CommandExecutor:
     """Carries out one core's commands, in the order they came. ``reqs`` and ``by_participant``
     are the host's maps of the requests it manages (request id -> request, participant ->
     request id); a request is either host's record of one (``rid``, ``scope``, ``version``,
-    ``participants``, ``adopted``, ``handoff_pins``, ``block_ids``, ``pages``, ``closed``). The
+    ``participants``, ``adopted``, ``handoff_pins``, ``block_ids``, ``pages``, ``closed``,
+    ``names`` and ``request``: see ``block_name``). The
     executor forgets a request once every participant delivered its receipt and it holds no
     page."""
 
@@ -194,6 +197,7 @@ class CommandExecutor:
         self.on_closing(req)
         self.release_handoff_pins(req)
         self.close_writers(req.pages, read)
+        req.request = None  # every writer is closed: nothing is named from its tokens again
         todo = [p for p in participants if p not in req.closed]
         ranks = [p for p in todo if p != req.rid]
         if ranks:
@@ -223,9 +227,25 @@ class CommandExecutor:
         digests = {**known, **self.read_digests([b for b in todo if b not in known])}
         events: list[Event] = []
         for block in sorted(digests):
-            refs[block].writer_open = False
-            events.append(WriterClosed(block, digests[block]))
+            ref = refs[block]
+            ref.writer_open = False
+            events.append(WriterClosed(block, digests[block], self.block_name(ref)))
         self.run(self.decide(events))
+
+    def block_name(self, ref: BlockRef) -> str | None:
+        """The prefix identity of the tokens ``ref``'s block holds, named with its writer's close
+        (``WriterClosed.prefix``), or None. Named only for a block past its request's context whose
+        tokens are all known and have their KV written (``identity.OutputNames``): the request
+        record's ``names`` continue its context's chain over vLLM's ``Request`` (``request``), its
+        token ids and ``num_computed_tokens``. The core decides whether the name counts."""
+        req = self.reqs.get(ref.request)
+        if req is None or req.request is None:
+            return None
+        names: OutputNames | None = req.names
+        if names is None:
+            return None
+        request = req.request
+        return names.name(ref.position, request.all_token_ids, int(request.num_computed_tokens))
 
     def release_handoff_pins(self, req: Any) -> None:
         """The successor's own references hold its adopted blocks: drop the handoff pins."""

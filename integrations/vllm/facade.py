@@ -14,7 +14,9 @@ Observation -> event (where):
   block id new to a request -> ``PageAllocated(position = block index)``; every block the step
   will write -> ``WriteAttempted(completes = the step fills it)`` (the write gate).
 * after the step: every block filled in the step -> ``WriterClosed(digest of its KV bytes)`` (a
-  full block of a running request is never written again); a request that finished ->
+  full block of a running request is never written again; a block past the version's context
+  also names the prefix identity of its tokens, ``executor.block_name``, so that a revision
+  continuing the version's output may inherit it); a request that finished ->
   ``WriterClosed`` for its remaining open (partial) blocks, then ``Receipt`` per participant.
 * before ``Scheduler.update_from_output`` (``RetireScheduler.before_commit``): one ``COMMIT``
   frame per scheduled request -> ``FrameArrived``; a dropped commit is refused (research (f)).
@@ -224,8 +226,11 @@ class RetireEngine:
         physical cache salt of its cold versions, so that scopes of several tenants can share
         one engine without sharing a page."""
         tenant = self.tenant if tenant is None else tenant
-        contract, tokens, context = self._prepare(scope, prompt, contract, max_tokens, tenant)
+        contract, tokens, context, names = self._prepare(
+            scope, prompt, contract, max_tokens, tenant
+        )
         record = VersionRecord(scope, 0, tokens, max_tokens, contract, context, self.clock())
+        record.output_names = names
 
         def accept() -> None:
             self.records[scope] = ScopeLog(scope, tenant, [record])
@@ -244,13 +249,16 @@ class RetireEngine:
     ) -> int:
         log = self.records.get(scope)
         tenant = self.tenant if log is None else log.tenant  # (unknown: the core refuses it)
-        contract, tokens, context = self._prepare(scope, prompt, contract, max_tokens, tenant)
+        contract, tokens, context, names = self._prepare(
+            scope, prompt, contract, max_tokens, tenant
+        )
 
         def accept() -> None:
             version = self.retire.current_version(scope)
             record = VersionRecord(
                 scope, version, tokens, max_tokens, contract, context, self.clock()
             )
+            record.output_names = names
             self.records[scope].versions.append(record)
 
         self.emit(Supersede(scope, context, contract), accept)
@@ -736,23 +744,25 @@ class RetireEngine:
 
     def _prepare(
         self, scope: str, prompt: Sequence[int], contract: Contract, max_tokens: int, tenant: str
-    ) -> tuple[Contract, tuple[int, ...], tuple[str, ...]]:
+    ) -> tuple[Contract, tuple[int, ...], tuple[str, ...], identity.OutputNames]:
         """Check a request (raises before anything changes): the contract it runs under on this
-        engine, its tokens and its block context."""
+        engine, its tokens, its block context and the names of its blocks past the context."""
         contract = engine_contract(contract, self.kv_windows)
         tokens = self._check_prompt(prompt, max_tokens)
-        return contract, tokens, self._context(scope, tokens, contract, tenant)
+        context, names = self._context(scope, tokens, contract, tenant)
+        return contract, tokens, context, names
 
     def _context(
         self, scope: str, tokens: tuple[int, ...], contract: Contract, tenant: str
-    ) -> tuple[str, ...]:
-        return identity.prefix_identities(
+    ) -> tuple[tuple[str, ...], identity.OutputNames]:
+        context, chain = identity.context_chain(
             tokens,
             tenant=tenant,
             scope=scope,
             numerical_mode=contract.numerical_mode,
             block_size=self.block_size,
         )
+        return context, identity.OutputNames(chain)
 
     def _check_prompt(self, prompt: Sequence[int], max_tokens: int) -> tuple[int, ...]:
         """Refuse what vLLM would refuse *before* the core hears of it."""

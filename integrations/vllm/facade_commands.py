@@ -4,7 +4,8 @@
 the core returns is carried out by ``executor.CommandExecutor``, which this class completes for a
 hand-stepped ``LLMEngine``: an event the executor's work produces goes through the facade's
 ``emit`` (so a test's injected fault sees it); ``Fence`` aborts the request in the engine;
-``Admit`` adds the version's request to the engine under its cache salt; a byte check always
+``Admit`` adds the version's request to the engine under its cache salt (its record takes the
+names of the version's blocks past its context, ``identity.OutputNames``); a byte check always
 waits for the next step boundary (``RetireEngine.step`` sends it there, or keeps it back for a scope
 whose admission a test holds); and every command's effect is written into the facade's records
 and statistics, which the checker and the benchmarks read. Nothing here decides protocol.
@@ -107,7 +108,19 @@ class FacadeCommands(CommandExecutor):
         f.internal_ids[external_id] = rid
         ranks = tuple(f"{rid}/rank{r}" for r in range(f.tp)) if f.tp > 1 else ()
         participants = (rid, *ranks)
-        req = FacadeRequest(rid, cmd.scope, cmd.version, participants, salt, rec, adopted=adopted)
+        request = f.scheduler.requests[rid]
+        req = FacadeRequest(
+            rid,
+            cmd.scope,
+            cmd.version,
+            participants,
+            salt,
+            rec,
+            adopted=adopted,
+            names=rec.output_names,
+            request=request,
+        )
+        rec.output_names = None  # the request's now
         # the certificate pins, now handoff pins
         req.handoff_pins = sorted(observe.table_pages(adopted, self.null_block))
         f.reqs[rid] = req
@@ -117,7 +130,6 @@ class FacadeCommands(CommandExecutor):
         rec.admitted, rec.admitted_at, rec.cold = True, f.clock(), cmd.cold
         rec.adopted_blocks = cmd.adopted_blocks
         # Only the adopted blocks may be the new request's prefix hit.
-        request = f.scheduler.requests[rid]
         f.stats.uncertified_hashes_evicted += observe.restrict_prefix_hit(
             f.pool, request, req.adopted, self.null_block
         )

@@ -11,6 +11,8 @@ import attrs
 
 from retire_core import Contract
 
+from .identity import OutputNames
+
 # --- what each version did ------------------------------------------------------------
 
 
@@ -57,6 +59,8 @@ class VersionRecord:
     last_delivery_at: float | None = None
     finished_at: float | None = None
     closed_at: float | None = None
+    # names the blocks past its context (``identity.OutputNames``), until its admission takes them
+    output_names: OutputNames | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def closed(self) -> bool:
@@ -123,6 +127,8 @@ class FacadeRequest:
     scheduled: bool = False
     finished: bool = False
     closed: set[str] = attrs.field(factory=set)
+    names: OutputNames | None = None  # names the blocks past its context (``identity``)
+    request: Any = None  # vLLM's ``Request``, until its writers closed (``executor.block_name``)
 
 
 @attrs.define

@@ -126,6 +126,41 @@ def test_chain_of_revisions_collapses_without_leaks(engine: Any, checker: Checke
         assert verdict.ok and verdict.adopted_blocks == 3, verdict.problems
 
 
+def test_the_next_turn_inherits_the_previous_turns_output(engine: Any, checker: Checker) -> None:
+    """A conversation's next turn revises the finished previous version with its prompt, its
+    output and a new message. The previous version named the blocks past its context when their
+    writers closed -- its last prompt block, which the last-token rule keeps out of a context of
+    exactly 4 full blocks, and the blocks its decode wrote -- so the revision adopts every full
+    block whose KV it wrote, and its tokens equal the clean reference's. Its bytes do not all:
+    the KV a decode wrote differs from the KV the reference's prefill writes for the same tokens
+    by float rounding (about 3e-6 on the tiny model's second layer; the first layer's and the
+    prefill-written blocks' are identical), which the checker reports, block by block."""
+    rng = random.Random(31)
+    first = tokens(rng, 4 * BS)
+    with attached(engine) as facade:
+        facade.submit("turns", first, DEFAULT_CONTRACT, 2 * BS + 8)
+        facade.run_until_idle()
+        history = [*first, *facade.version_record("turns", 0).output_token_ids]
+        written = (len(history) - 1) // BS  # the last sampled token's KV is never written: 6
+        succ = [*history, *tokens(rng, 5)]
+        assert written == 6 > identity.expected_adopted_blocks(first, succ, BS) == 3
+        facade.supersede("turns", succ, DEFAULT_CONTRACT, 8)
+        facade.run_until_idle()
+        checker.references([(succ, 8)])
+        verdict = checker.verify(facade, "turns")
+        rec = facade.version_record("turns")
+        assert rec.adopted_blocks == written and rec.num_cached_tokens == written * BS
+        assert verdict.tokens_match and verdict.delivered_prefix_ok and verdict.complete
+        assert not verdict.receipt_problems and not verdict.publication_problems
+        # exactly the decode-written blocks (positions 4 and 5) differ from a prefill's bytes
+        pages = dict(zip(range(written), rec.adopted_pages, strict=True))
+        assert verdict.page_problems == tuple(
+            f"page {pages[pos]}: KV bytes differ from the clean reference's block {pos} of KV "
+            "cache group 0"
+            for pos in range(4, written)
+        )
+
+
 # --- page faults --------------------------------------------------------------------------------
 
 

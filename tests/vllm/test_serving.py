@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from retire_bench.servers import CLIENT_TIMEOUT_S, HTTP, RetireServer, StockServer
 from retire_bench.serving import _server_timing
+from retire_vllm import identity
 from retire_vllm.client import ScopeReader, read_stream, scoped, stamp
 from retire_vllm.serving import wire
 from retire_vllm.serving.records import API_PARTS, ENGINE_HOOKS
@@ -171,6 +172,33 @@ def test_revision_inherits_the_certified_prefix_and_equals_a_cold_run(
     info = status(retire_server, "handoff").json()
     assert info["version"] == 1 and info["adopted_blocks"] == 5
     assert cancel(retire_server, "handoff").status_code == 200
+
+
+def test_the_next_turn_inherits_the_previous_turns_output(
+    client: openai.OpenAI, retire_server: RetireServer, stock_server: StockServer
+) -> None:
+    """A conversation's next turn continues the previous prompt and its output: the previous
+    version named the prefix identity of each block past its context (its own output) when the
+    block's writer closed, so the next turn adopts every full block it wrote, not only those of
+    the previous prompt's context, and still equals a cold run."""
+    model = retire_server.model
+    first_prompt = prompt(80, 3 * BLOCK + 5)  # a context of 3 blocks
+    first = complete(
+        client, model, first_prompt, 2 * BLOCK + 8, return_token_ids=True, **scoped("turns")
+    )
+    output = list((first.choices[0].model_extra or {})["token_ids"])
+    assert stamp(first) == ("turns", 0) and len(output) == 2 * BLOCK + 8
+    history = [*first_prompt, *output]
+    written = (len(history) - 1) // BLOCK  # the last sampled token's KV is never written: 5
+    assert written == 5 > identity.adoptable_blocks(len(first_prompt), BLOCK) == 3
+    second_prompt = [*history, *prompt(81, 7)]
+    second = complete(client, model, second_prompt, 8, **scoped("turns"))
+    assert stamp(second) == ("turns", 1)
+    assert second.usage.prompt_tokens_details.cached_tokens == written * BLOCK
+    assert status(retire_server, "turns").json()["adopted_blocks"] == written
+    cold = complete(stock_server.openai(), stock_server.model, second_prompt, 8)
+    assert second.choices[0].text == cold.choices[0].text
+    assert cancel(retire_server, "turns").status_code == 200
 
 
 #: How many times a helper starts its long version again when it ran to its end first: a starved

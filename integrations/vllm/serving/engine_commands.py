@@ -4,10 +4,11 @@
 engine-core process: ``Fence`` finishes the requests in the scheduler and sends each a terminal
 output whose ``stop_reason`` names the fence (the API process ends the stream with it); ``Admit``
 answers the pending ``open`` with the cache salt the version must run under (its request reaches
-the scheduler later: ``EngineSide.on_add_request``); a byte check runs at once outside a step
-(no step is in flight during a utility call) and at the step boundary inside one; what the API
-answers with (per-scope facts, counters) is recorded on the ``EngineSide``. Nothing here decides
-protocol.
+the scheduler later: ``EngineSide.on_add_request``, which hands it the names of its blocks past
+its context that ``open`` prepared, ``identity.OutputNames``); a byte check runs at once outside
+a step (no step is in flight during a utility call) and at the step boundary inside one; what the
+API answers with (per-scope facts, counters) is recorded on the ``EngineSide``. Nothing here
+decides protocol.
 """
 
 from __future__ import annotations
@@ -74,14 +75,17 @@ class EngineCommands(CommandExecutor):
     def start(self, cmd: Admit, salt: str, adopted: tuple[tuple[int, ...], ...]) -> None:
         side = self.side
         key = (cmd.scope, cmd.version)
-        side.admissions[key] = Admission(cmd.scope, cmd.version, salt, adopted, cmd.cold)
         info = side.scopes.get(cmd.scope)
+        names = None
         if info is not None:
             # only the admitted version's figures are ever read again: keep nothing older
             info.adopted_blocks = {cmd.version: cmd.adopted_blocks}
             recomputed = info.context_blocks.get(cmd.version, 0) - cmd.adopted_blocks
             info.context_blocks = {v: n for v, n in info.context_blocks.items() if v >= cmd.version}
+            names = info.names.pop(cmd.version, None)
+            info.names = {v: n for v, n in info.names.items() if v > cmd.version}
             side.count("recomputed_blocks", max(0, recomputed))
+        side.admissions[key] = Admission(cmd.scope, cmd.version, salt, adopted, cmd.cold, names)
         side.count("cold_admissions" if cmd.cold else "warm_admissions")
         future = side.opening.pop(key, None)
         if future is not None:

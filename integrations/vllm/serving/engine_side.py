@@ -21,8 +21,10 @@ the commands it got back. Observation -> event:
   ``WriteAttempted`` (the write gate).
 * before the commit: one ``COMMIT`` frame per scheduled request (the commit gate).
 * after the commit: blocks the step filled -> ``WriterClosed(digest)`` (the digests the workers
-  took within the step, ``step_digests``, else read now); each output of a managed
-  request -> a ``TOKEN`` frame at the engine boundary (a dropped one never leaves the process);
+  took within the step, ``step_digests``, else read now; a block past the version's context also
+  names the prefix identity of its tokens, read from vLLM's request: ``executor.block_name``);
+  each output of a managed request -> a ``TOKEN`` frame at the engine boundary (a dropped one
+  never leaves the process);
   a finished request -> ``WriterClosed`` for its open blocks, then a ``Receipt`` per participant,
   then ``VersionFinished`` (its last frame was published: the version ran to its end).
 * a request finished from outside (the client went away: vLLM's abort) -> the same closure, but
@@ -245,6 +247,8 @@ class EngineSide:
             request.client_index,
             adopted=admission.adopted,
             handoff_pins=sorted(observe.table_pages(admission.adopted, self.null_block)),
+            names=admission.names,
+            request=request,
         )
         self.reqs[rid] = req
         for p in participants:
@@ -476,7 +480,8 @@ class EngineSide:
             "core_index_scopes": len(index[1]) + len(index[2]) if index is not None else 0,
             "scope_infos": len(self.scopes),
             "scope_info_versions": sum(
-                len(i.adopted_blocks) + len(i.context_blocks) for i in self.scopes.values()
+                len(i.adopted_blocks) + len(i.context_blocks) + len(i.names)
+                for i in self.scopes.values()
             ),
             "requests": len(self.reqs),
             "participants": len(self.by_participant),

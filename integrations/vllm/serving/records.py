@@ -15,6 +15,8 @@ from typing import Any
 
 import attrs
 
+from ..identity import OutputNames
+
 
 @attrs.define
 class Admission:
@@ -25,6 +27,7 @@ class Admission:
     salt: str
     adopted: tuple[tuple[int, ...], ...]  # one block table per KV cache group
     cold: bool
+    names: OutputNames | None = None  # names the blocks past its context (``identity``)
 
 
 @attrs.define
@@ -42,6 +45,8 @@ class ManagedRequest:
     scheduled: bool = False
     closed: set[str] = attrs.field(factory=set)
     fenced: bool = False
+    names: OutputNames | None = None  # names the blocks past its context (``identity``)
+    request: Any = None  # vLLM's ``Request``, until its writers closed (``executor.block_name``)
 
 
 @attrs.define
@@ -52,6 +57,8 @@ class ScopeInfo:
     last_active: float
     adopted_blocks: dict[int, int] = attrs.field(factory=dict)  # version -> blocks adopted
     context_blocks: dict[int, int] = attrs.field(factory=dict)  # version -> adoptable blocks
+    # version -> the names of its blocks past its context, until its admission takes them
+    names: dict[int, OutputNames] = attrs.field(factory=dict)
 
 
 #: Upper bounds (seconds) of the cleanup-latency histogram's buckets.

@@ -63,7 +63,7 @@ class ScopeCalls:
         record = self.side.core.state.scopes.get(scope)
         if record is not None and record.tenant != tenant:
             raise TenantMismatchError(f"scope {scope!r} belongs to another tenant")
-        context = identity.prefix_identities(
+        context, chain = identity.context_chain(
             tokens,
             tenant=tenant,
             scope=scope,
@@ -90,6 +90,7 @@ class ScopeCalls:
         version = self.side.core.current_version(scope)
         info.last_active = time.monotonic()
         info.context_blocks[version] = len(context)
+        info.names[version] = identity.OutputNames(chain)
         future: Future[dict[str, Any]] = Future()
         self.side.opening[(scope, version)] = future
         fenced = self._fenced_versions(commands)
