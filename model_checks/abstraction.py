@@ -11,7 +11,7 @@ produce.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -24,6 +24,7 @@ from retire_core import (
 )
 from retire_spec.schema import (
     ACTIVE,
+    BEYOND,
     CANCELLED,
     COLUMN_INDEX,
     COLUMNS,
@@ -143,6 +144,11 @@ if _CONTROL_ORDER != CONTROL_COLUMNS:
     raise AssertionError("teach abstract_control_cells the spec's new control columns")
 
 
+def spec_context(context: Sequence[Any], positions: int) -> tuple[int, ...]:
+    """The spec's context for a core context: padded with ``BEYOND`` to ``positions``."""
+    return tuple(int(k) for k in context) + (BEYOND,) * (positions - len(context))
+
+
 def abstract_control_cells(
     core: CoreState, uni: Universe, launched: dict[int, tuple[int, int]]
 ) -> tuple[tuple[Any, ...], ...]:
@@ -184,7 +190,7 @@ def abstract_control_cells(
         epoch[s] = rec.epoch
         admitted[s] = rec.admitted
         reuse[s] = rec.contract.allows_reuse
-        want[s] = tuple(int(k) for k in rec.context)
+        want[s] = spec_context(rec.context, uni.bounds.positions)
     for q, (s, v) in launched.items():
         used[q] = True
         part_scope[q] = s

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import retire_core as rc
-from retire_checks.abstraction import Universe
-from retire_spec.actions import ActionInstance
-from retire_spec.schema import SpecState
+from retire_checks.abstraction import Universe, spec_context
+from retire_spec.actions import ACTION_BY_NAME, ActionInstance
+from retire_spec.codegen import compiler
+from retire_spec.schema import BEYOND, NO_MATCH, Bounds, SpecState
 
 KIND_OF = {0: rc.FrameKind.TOKEN, 1: rc.FrameKind.COMMIT, 2: rc.FrameKind.INSTALL}
 _SCOPE_CALLS = {"pause": rc.Pause, "unpause": rc.Unpause, "cancel": rc.Cancel, "forget": rc.Forget}
@@ -32,10 +33,12 @@ def core_event(
     n = inst.name
     if n == "open":
         s, ctx, reuse = a
-        return rc.Submit(u.scopes[s], u.tenants[s], u.fingerprint(s), tuple(ctx), u.contract(reuse))
+        return rc.Submit(
+            u.scopes[s], u.tenants[s], u.fingerprint(s), core_context(ctx), u.contract(reuse)
+        )
     if n == "supersede":
         s, ctx, reuse = a
-        return rc.Supersede(u.scopes[s], tuple(ctx), u.contract(reuse))
+        return rc.Supersede(u.scopes[s], core_context(ctx), u.contract(reuse))
     if n in _SCOPE_CALLS:
         return _SCOPE_CALLS[n](u.scopes[a[0]])
     if n == "launch":
@@ -64,8 +67,9 @@ def core_event(
         p, done = a
         return rc.DraftsVerified(p, done)
     if n == "close_writer":
-        (p,) = a
-        return rc.WriterClosed(p, str(spec["page_data"][p]))
+        p, t = a
+        digest = str(closing_data(spec, inst, u.bounds))
+        return rc.WriterClosed(p, digest, prefix=None if t == NO_MATCH else t)
     if n == "reuse_id":
         (p,) = a
         return rc.PageReused(p)
@@ -73,6 +77,22 @@ def core_event(
         (p,) = a
         return rc.PageEvicted(p)
     raise ValueError(f"no core event for {inst}")
+
+
+def core_context(ctx: Sequence[int]) -> tuple[int, ...]:
+    """The core's context for a spec context: its identities before ``BEYOND``."""
+    return tuple(ctx[: ctx.index(BEYOND)]) if BEYOND in ctx else tuple(ctx)
+
+
+def closing_data(spec: SpecState, inst: ActionInstance, bounds: Bounds) -> int:
+    """The bytes (hence the digest the engine reports) page ``p`` holds once its writer closed
+    as ``inst`` says: a kept name makes the honest output bytes those of the named identity
+    (the spec's effect decides; without a name the bytes do not change)."""
+    p, t = inst.args
+    if t == NO_MATCH:
+        return int(spec["page_data"][p])
+    after = compiler(bounds).step(ACTION_BY_NAME["close_writer"], inst.args)(spec)
+    return int((after or spec)["page_data"][p])
 
 
 def spec_instance(t: rc.Transition, uni: Universe, event: Any) -> ActionInstance | None:
@@ -85,7 +105,7 @@ def spec_instance(t: rc.Transition, uni: Universe, event: Any) -> ActionInstance
     if n in rc.transitions.STUTTERS:
         return None
     if n in ("open", "supersede"):
-        context = tuple(int(k) for k in event.context)
+        context = spec_context(event.context, u.bounds.positions)
         return ActionInstance(n, (s, context, event.contract.allows_reuse))
     if n in ("pause", "unpause", "cancel", "resume", "finish", "forget"):
         return ActionInstance(n, (s,))
@@ -105,7 +125,10 @@ def spec_instance(t: rc.Transition, uni: Universe, event: Any) -> ActionInstance
         )
     if n == "verify_drafts":
         return ActionInstance(n, (t.arg("page"), t.arg("completes")))
-    if n in ("close_writer", "unhold", "free", "reuse_id", "evict"):
+    if n == "close_writer":  # ``named`` is logged only when the engine named the block
+        named = int(t.arg("named")) if len(t.args) > 3 else NO_MATCH
+        return ActionInstance(n, (t.arg("page"), named))
+    if n in ("unhold", "free", "reuse_id", "evict"):
         return ActionInstance(n, (t.arg("page"),))
     if n in ("certify", "adopt", "release"):
         return ActionInstance(n, (s, t.arg("page")))

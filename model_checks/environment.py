@@ -84,7 +84,7 @@ class _Table:
     write_done: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q], completing only
     draft: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [p][q]: filling or not
     verify: tuple[tuple[ActionInstance, ...], ...]  # [p]: accepted (fills) or rejected
-    close_writer: tuple[ActionInstance, ...]
+    close_writer: tuple[tuple[ActionInstance, ...], ...]  # [p] -> names (NO_MATCH: none)
     evict: tuple[ActionInstance, ...]
     faults: tuple[tuple[ActionInstance, ...], ...]  # [p] -> corrupt, reuse_id
 
@@ -126,7 +126,9 @@ def _table(b: Bounds, budget: Budget) -> _Table:
             tuple(tuple(A("attempt_draft", (p, q, d)) for d in (True, False)) for q in Q) for p in P
         ),
         verify=tuple(tuple(A("verify_drafts", (p, d)) for d in (True, False)) for p in P),
-        close_writer=tuple(A("close_writer", (p,)) for p in P),
+        close_writer=tuple(
+            tuple(A("close_writer", (p, t)) for t in param_domain("Name", b)) for p in P
+        ),
         evict=tuple(A("evict", (p,)) for p in P),
         faults=tuple((A("corrupt", (p,)), A("reuse_id", (p,))) for p in P),
     )
@@ -210,7 +212,7 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
                 moves.extend(drafts if alloc[p] and writer[p] else drafts[:1])
     for p in range(b.pages):
         if alloc[p] and writer[p]:
-            moves.append(t.close_writer[p])
+            moves.extend(t.close_writer[p])
         if budget.drafts and alloc[p]:
             # the target's verification, also when it is late (no drafts left, writer closed)
             moves.extend(t.verify[p])

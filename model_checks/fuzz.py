@@ -39,7 +39,7 @@ from retire_checks.environment import Budget, env_moves
 from retire_checks.explorer import twin_page
 from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance
-from retire_spec.schema import ACTIVE, FINISHED, IN_FLIGHT, PAUSED, Bounds
+from retire_spec.schema import ACTIVE, BEYOND, FINISHED, IN_FLIGHT, NO_MATCH, PAUSED, Bounds
 
 BOUNDS = Bounds(
     scopes=2,
@@ -48,9 +48,12 @@ BOUNDS = Bounds(
     pages=4,
     positions=2,
     max_epoch=4,
-    # (1, 2) twice: revisions that share a prefix are the common case worth weighting.
-    contexts=((1, 2), (1, 3), (1, 2), (4, 5)),
+    # (1, 2) twice: revisions that share a prefix are the common case worth weighting; a
+    # one-block context whose second block is the version's own output, named 2 or 3 at its
+    # writer's close (2 continues into (1, 2)).
+    contexts=((1, 2), (1, 3), (1, 2), (4, 5), (1, BEYOND)),
     fingerprints=(0, 1),
+    names=(2, 3),
 )
 #: The same world with both scopes of one tenant and model (equal fingerprints), so that only
 #: ALIGN's page-owner check keeps one scope's pages from the other's successor; a run draws
@@ -83,9 +86,11 @@ COVERAGE: Counter[str] = Counter()
 #: seeds 1, 2, 5 and 7 reach every rare path of ``tests/test_core_hypothesis.py`` at 600
 #: examples (0, 3, 4 and 8 missed or nearly missed a byte-check failure or a late report before
 #: ``engine_step``). Since the ``finish_version`` rule and ``forget``, 7 and 12 left a core
-#: mutant alive at 1,000 examples and 10 missed a double free; this one reaches every rare path
-#: and kills every core mutant of the catalogue.
-FUZZ_SEED = 1
+#: mutant alive at 1,000 examples and 10 missed a double free. Since blocks of a version's own
+#: output are named (``fill_block``), 1, 2, 9 and 11 miss a rare path (an eviction or a
+#: generation change); 8 and 10 reach every rare path, pass 1,000 examples unmutated and kill
+#: every core mutant the machine can reach (it runs one KV cache group).
+FUZZ_SEED = 8
 
 
 @seed(FUZZ_SEED)
@@ -205,10 +210,18 @@ class LockstepMachine(RuleBasedStateMachine):
         if not allocations:
             return
         move = data.draw(st.sampled_from(allocations))
-        p, q, _ = move.args
+        p, q, i = move.args
+        s = self.ls.launched[q][0]
         self._do(move)
-        self._do(ActionInstance("attempt_write", (p, q, True)))
-        self._do(ActionInstance("close_writer", (p,)))
+        name, complete = NO_MATCH, True
+        if self.ls.spec["scope_want"][s][i] == BEYOND:
+            # a block of the version's own output, named (or not) at its writer's close, and
+            # sometimes closed before its tokens filled it (the request ended: the name must
+            # not count)
+            name = data.draw(st.sampled_from((NO_MATCH, *BOUNDS.names)))
+            complete = data.draw(st.booleans())
+        self._do(ActionInstance("attempt_write", (p, q, complete)))
+        self._do(ActionInstance("close_writer", (p, name)))
 
     @rule(data=st.data())
     def speculative_step(self, data: st.DataObject) -> None:
@@ -229,7 +242,7 @@ class LockstepMachine(RuleBasedStateMachine):
         self._do(move)
         ending = data.draw(st.sampled_from(("accept", "reject", "close")))
         if ending == "close":
-            self._do(ActionInstance("close_writer", (p,)))
+            self._do(ActionInstance("close_writer", (p, NO_MATCH)))
         else:
             self._do(ActionInstance("verify_drafts", (p, ending == "accept")))
         if data.draw(st.booleans()):
@@ -287,7 +300,7 @@ class LockstepMachine(RuleBasedStateMachine):
         for q, (qs, v) in sorted(self.ls.launched.items()):
             if qs == s and v < epoch and not self.ls.spec["part_closed"][q]:
                 for p in range(BOUNDS.pages):
-                    close = ActionInstance("close_writer", (p,))
+                    close = ActionInstance("close_writer", (p, NO_MATCH))
                     if self.ls.spec["page_owner"][p] == s and self.ls.spec_enabled(close):
                         self._do(close)
                 self._do(ActionInstance("receipt", (q,)))
@@ -307,12 +320,14 @@ class LockstepMachine(RuleBasedStateMachine):
             return
         s = data.draw(st.sampled_from(live))
         epoch = spec["scope_epoch"][s]
+        # every open writer of the scope closes, also one whose participant already delivered
+        # its receipt (the receipt says it writes nothing more; the close still has to come)
+        for p in range(BOUNDS.pages):
+            close = ActionInstance("close_writer", (p, NO_MATCH))
+            if self.ls.spec["page_owner"][p] == s and self.ls.spec_enabled(close):
+                self._do(close)
         for q, (qs, v) in sorted(self.ls.launched.items()):
             if (qs, v) == (s, epoch) and not self.ls.spec["part_closed"][q]:
-                for p in range(BOUNDS.pages):
-                    close = ActionInstance("close_writer", (p,))
-                    if self.ls.spec["page_owner"][p] == s and self.ls.spec_enabled(close):
-                        self._do(close)
                 self._do(ActionInstance("receipt", (q,)))
         self._do(ActionInstance("finish", (s, epoch)))
         spec = self.ls.spec

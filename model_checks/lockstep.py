@@ -27,7 +27,13 @@ from retire_checks.abstraction import (
     abstract_control_cells,
     fast_canonical,
 )
-from retire_checks.correspondence import command_mismatch, core_event, misreported, spec_instance
+from retire_checks.correspondence import (
+    closing_data,
+    command_mismatch,
+    core_event,
+    misreported,
+    spec_instance,
+)
 from retire_checks.engine import CommandViolation, books_of, launchable_after, obey
 from retire_checks.step_memo import StepMemo
 from retire_spec.actions import ACTION_BY_NAME, Action, ActionInstance
@@ -40,6 +46,7 @@ from retire_spec.schema import (
     CONTROL_COLUMNS,
     FINISHED,
     IN_FLIGHT,
+    NO_MATCH,
     SpecState,
     initial_state,
 )
@@ -89,7 +96,7 @@ _REJECTED = object()
 _MISSING: Any = object()
 _NOTHING = Outcome((), (), ())
 # ``Lockstep.plan``'s kinds of move (the core moves first, ordered as the explorer tests them).
-BY_MOVE, BY_LAUNCH, BY_FRAME, BY_PAGE_DATA, WORLD, OTHER = range(6)
+BY_MOVE, BY_LAUNCH, BY_FRAME, BY_PAGE_DATA, BY_NAMED_CLOSE, WORLD, OTHER = range(7)
 _FRAME_SCOPE, _FRAME_VER, _FRAME_KIND, _PAGE_DATA = (
     COLUMN_INDEX[name] for name in ("frame_scope", "frame_ver", "frame_kind", "page_data")
 )
@@ -376,10 +383,9 @@ class Lockstep:
         version = pending.pop(s)
         self.pending_reports = pending
         sid = self.uni.scopes[s]
-        rec = self.core.scopes[sid]
-        pages = (
-            rec.certificate.pages if rec.certificate and rec.certificate.version == version else ()
-        )
+        rec = self.core.scopes.get(sid)  # None: the user forgot the scope before the answer
+        cert = rec.certificate if rec is not None else None
+        pages = cert.pages if cert is not None and cert.version == version else ()
         data = self.spec["page_data"]
         digests = tuple(rc.PageDigest(p, str(data[p])) for p in pages)
         if self.record:
@@ -426,9 +432,10 @@ class Lockstep:
         on a memo hit): ``(inst, kind, fault, a, b)``. For a core move, ``kind`` says what
         ``_event_key`` adds to the move's identity ``a`` (``BY_LAUNCH``: the launch of
         participant ``b``; ``BY_FRAME``: frame ``b``'s scope, version and kind; ``BY_PAGE_DATA``:
-        page ``b``'s bytes) so that the loop builds the very same key; ``WORLD``: a world-only
-        move, ``a`` its compiled successor and ``b`` its outcome; ``OTHER``: a byte-check
-        report. ``fault``: 1 if the move spends the fault budget."""
+        page ``b``'s bytes; ``BY_NAMED_CLOSE``: the bytes a writer's close naming page ``b``
+        leaves) so that the loop builds the very same key; ``WORLD``: a world-only move, ``a``
+        its compiled successor and ``b`` its outcome; ``OTHER``: a byte-check report.
+        ``fault``: 1 if the move spends the fault budget."""
         n, a = inst.name, inst.args
         fault = 1 if n in FAULTS else 0
         if n == "report" or n == "receipt_again":
@@ -443,7 +450,7 @@ class Lockstep:
         if n == "deliver":
             return (inst, BY_FRAME, fault, key, a[0])
         if n == "close_writer":
-            return (inst, BY_PAGE_DATA, fault, key, a[0])
+            return (inst, BY_PAGE_DATA if a[1] == NO_MATCH else BY_NAMED_CLOSE, fault, key, a[0])
         return (inst, BY_MOVE, fault, key, None)
 
     def _event_key(self, inst: ActionInstance) -> Any:
@@ -459,7 +466,9 @@ class Lockstep:
             cells = self.spec.cells
             return (key, cells[_FRAME_SCOPE][f], cells[_FRAME_VER][f], cells[_FRAME_KIND][f])
         if n == "close_writer":
-            return (key, self.spec.cells[_PAGE_DATA][a[0]])
+            if a[1] == NO_MATCH:
+                return (key, self.spec.cells[_PAGE_DATA][a[0]])
+            return (key, closing_data(self.spec, inst, self.uni.bounds))
         return key
 
     def _event_for(self, inst: ActionInstance) -> Any:

@@ -283,6 +283,19 @@ def _verify_ignoring_rejection(txn: Any, ev: rc.DraftsVerified) -> None:
     _on_drafts_verified(txn, attrs.evolve(ev, completes=True))  # rejected drafts complete it
 
 
+def _name_after_revision(txn: Any, page: rc.PageRecord, full: bool) -> bool:
+    """The authority check forgotten: a name that arrives after a revision still counts."""
+    return full and page.prefix is None
+
+
+def _name_incomplete(txn: Any, page: rc.PageRecord, full: bool) -> bool:
+    """A name counts for a block its writer never filled."""
+    return _may_name(txn, page, True)
+
+
+_may_name = handlers._may_name
+
+
 def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
     return lambda: mock.patch.object(target, name, value)
 
@@ -781,5 +794,21 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "a verification that rejects a page's drafts still marks the page complete",
         (_C["drafts"],),
         _handler(rc.DraftsVerified, _verify_ignoring_rejection),
+    ),
+    Mutant(
+        "late_name_kept",
+        "inheriting retired work",
+        "core",
+        "a block named at its writer's close after its version was revised becomes inheritable",
+        (_C["output"],),
+        _p(handlers, "_may_name", _name_after_revision),
+    ),
+    Mutant(
+        "incomplete_block_named",
+        "inheriting an incomplete block",
+        "core",
+        "a name counts for a block of the version's output that was never completed",
+        (_C["output"],),
+        _p(handlers, "_may_name", _name_incomplete),
     ),
 )

@@ -155,8 +155,8 @@ def _cancel_admitting(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
     return effect
 
 
-def _close_keeping_drafts(I: Interp, st: SpecState, p: Val) -> dict[str, Val]:
-    effect = A.close_writer_effect(I, st, p)
+def _close_keeping_drafts(I: Interp, st: SpecState, p: Val, t: Val) -> dict[str, Val]:
+    effect = A.close_writer_effect(I, st, p, t)
     del effect["page_full"]  # a page full of unverified drafts stays a completed block
     return effect
 

@@ -14,7 +14,7 @@ import retire_core as rc
 from retire_checks.engine import COMMANDS_CHECKED
 from retire_checks.lockstep import Outcome
 from retire_spec.actions import ACTIONS, ActionInstance
-from retire_spec.schema import FINISHED, PAUSED, Bounds, SpecState
+from retire_spec.schema import FINISHED, NO_MATCH, PAUSED, Bounds, SpecState
 
 STAGES = tuple(f"stage:{s.value}" for s in rc.Stage)
 # (``forget`` is left to the Hypothesis machine: see ``environment.Budget.forget``)
@@ -90,6 +90,8 @@ PATHS = (
     "path:drafts_rejected",  # a verification rejects drafts: the page is incomplete again
     "path:drafts_rolled_back",  # a writer closes over unverified drafts: they are rolled back
     "path:adopt_second_group",  # a successor adopts a page of a second KV cache group
+    "path:output_named",  # a writer's close names a block of the version's own output
+    "path:output_name_dropped",  # ... too late (revised) or for an incomplete block: no name
 )
 # every command class the core can emit, met by the engine's checks (``engine.obey``)
 COMMANDS = tuple(f"command:{name}" for name in COMMANDS_CHECKED)
@@ -150,7 +152,7 @@ _TRANSITION_HITS: dict[tuple[Any, ...], tuple[str, ...]] = {}
 
 def dynamic_hits(out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
     """The probes of a transition that read the spec state it started in (publish while
-    paused, a drop two versions back, a write fenced across tenants)."""
+    paused, a drop two versions back, a write fenced across tenants, a name kept or dropped)."""
     hits = []
     for t in out.transitions:
         a = t.action
@@ -163,6 +165,10 @@ def dynamic_hits(out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
             s = _slot(t.scope)
             if before["page_fp"][t.arg("page")] != bounds.fingerprints[s]:
                 hits.append("path:cross_tenant_write_fenced")
+        elif a == "close_writer" and _names(t):
+            if before["page_tok"][t.arg("page")] == NO_MATCH:
+                kept = t.arg("inheritable")
+                hits.append("path:output_named" if kept else "path:output_name_dropped")
         elif a == "supersede":
             if before["scope_mode"][_slot(t.scope)] == FINISHED:
                 hits.append("path:revise_after_finish")
@@ -238,9 +244,16 @@ class ProbeTally:
 
 
 def _reads_before(t: rc.Transition) -> bool:
-    return t.action in ("publish", "drop", "supersede") or (
-        t.action == "fence_write" and t.reason == rc.FenceReason.PAGE_OF_ANOTHER_SCOPE
+    return (
+        t.action in ("publish", "drop", "supersede")
+        or (t.action == "fence_write" and t.reason == rc.FenceReason.PAGE_OF_ANOTHER_SCOPE)
+        or (t.action == "close_writer" and _names(t))
     )
+
+
+def _names(t: rc.Transition) -> bool:
+    """A writer's close that carries the engine's name for the block."""
+    return len(t.args) > 3
 
 
 def _slot(scope: str | None) -> int:

@@ -24,7 +24,7 @@ from retire_checks.parallel import ExploreResult, Progress, can_fork, explore
 from retire_checks.probes import ALL_PROBES
 from retire_spec.actions import Action
 from retire_spec.invariants import INVARIANTS, QUIESCENCE
-from retire_spec.schema import Bounds
+from retire_spec.schema import BEYOND, Bounds
 
 TOKEN_ONLY = (0,)
 ALL_KINDS = (0, 1, 2)
@@ -40,6 +40,18 @@ _DRAFTS = Config(
     Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), drafts=True, **_NO_CONTROL),
     ledger_size=1,
     expected_seconds=1.5,
+)
+
+# A version's own output inherited (an agent's next turn): the first context holds one block,
+# the engine names the second block at its writer's close (2: what the revised context
+# continues with; 3: another output), a revision certifies and adopts it, a late name is
+# dropped, a fault (in both profiles).
+_OUTPUT = Config(
+    "output",
+    Bounds(1, 1, 0, 2, 2, 1, ((1, BEYOND), (1, 2)), (0,), names=(2, 3)),
+    Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+    ledger_size=1,
+    expected_seconds=0.6,
 )
 
 # Two KV cache groups, full attention and a one-block sliding window, one page each: a cut
@@ -100,6 +112,7 @@ QUICK = Profile(
         # time; this world alone adds 8% and 14%.)
         _DRAFTS,
         _GROUPS,
+        _OUTPUT,
     ),
     ALL_PROBES,
 )
@@ -233,6 +246,10 @@ FULL = Profile(
             ledger_size=1,
             expected_seconds=15,
         ),
+        _OUTPUT,
+        # a version's output inherited with two participants: a name arriving while the other
+        # participant still writes, or after the revision, a fault
+        attrs.evolve(_OUTPUT, name="output-two", bounds=attrs.evolve(_OUTPUT.bounds, parts=2)),
         _GROUPS,
         # two KV cache groups over two blocks: full attention (two pages) and a one-block
         # sliding window (one page), so a cut of two blocks leaves the sliding group's first

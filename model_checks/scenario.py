@@ -20,7 +20,7 @@ from retire_checks.abstraction import Universe
 from retire_checks.lockstep import Lockstep, RefinementError
 from retire_spec.actions import ActionInstance as A
 from retire_spec.invariants import INVARIANTS, QUIESCENCE
-from retire_spec.schema import Bounds
+from retire_spec.schema import NO_MATCH, Bounds
 
 BOUNDS = Bounds(
     scopes=2,
@@ -40,16 +40,16 @@ SCRIPT: tuple[tuple[str, A], ...] = (
     ("s1@0 starts a request", A("launch", (1, 1, 0))),
     ("s0@0 fills block 0", A("allocate", (0, 0, 0))),
     ("", A("attempt_write", (0, 0, True))),
-    ("", A("close_writer", (0,))),
+    ("", A("close_writer", (0, NO_MATCH))),
     ("s0@0 fills block 1", A("allocate", (1, 0, 1))),
     ("", A("attempt_write", (1, 0, True))),
-    ("", A("close_writer", (1,))),
+    ("", A("close_writer", (1, NO_MATCH))),
     ("s0@0 starts block 2 (still open)", A("allocate", (2, 0, 2))),
     ("s0@0 emits a token frame (queued)", A("emit", (0, 0, 0))),
     ("s0@0 emits a commit frame (queued)", A("emit", (1, 0, 1))),
     ("s1@0 allocates and completes a page", A("allocate", (3, 1, 0))),
     ("", A("attempt_write", (3, 1, True))),
-    ("", A("close_writer", (3,))),
+    ("", A("close_writer", (3, NO_MATCH))),
     ("s1 is paused: it keeps authority", A("pause", (1,))),
     ("s1@0 emits a token while paused", A("emit", (2, 1, 0))),
     ("", A("deliver", (2,))),
@@ -62,7 +62,7 @@ SCRIPT: tuple[tuple[str, A], ...] = (
     ),
     ("retired s0@0 tries to write s1's page: fenced", A("attempt_write", (3, 0, True))),
     ("retired s0@0 finishes block 2 (its own page)", A("attempt_write", (2, 0, True))),
-    ("", A("close_writer", (2,))),
+    ("", A("close_writer", (2, NO_MATCH))),
     ("s0@0 delivers its receipt", A("receipt", (0,))),
     ("fault: block 1's bytes change (same id, same counts)", A("corrupt", (1,))),
     ("the engine reports the certified pages' bytes", A("report", (0,))),

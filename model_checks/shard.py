@@ -42,6 +42,7 @@ import attrs
 import retire_core as rc
 from retire_checks.abstraction import canonical_function
 from retire_checks.config import COMPLETION, Config, StepFn, new_lockstep
+from retire_checks.correspondence import closing_data
 from retire_checks.engine import launchable_after
 from retire_checks.environment import Offers
 from retire_checks.lockstep import (
@@ -50,6 +51,7 @@ from retire_checks.lockstep import (
     BY_FRAME,
     BY_LAUNCH,
     BY_MOVE,
+    BY_PAGE_DATA,
     WORLD,
     RefinementError,
     launched_after,
@@ -469,8 +471,10 @@ class Shard:
                                 cells[_FRAME_VER][f],
                                 cells[_FRAME_KIND][f],
                             )
-                        else:
+                        elif kind == BY_PAGE_DATA:
                             ek = (plan[3], spec0.cells[_PAGE_DATA][plan[4]])
+                        else:  # BY_NAMED_CLOSE
+                            ek = (plan[3], closing_data(spec0, move, ls.uni.bounds))
                         hit = events.get(ek)
                         if hit is None or hit[0] is not move:
                             ls.spec, ls.launched = spec0, launched0

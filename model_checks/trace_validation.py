@@ -38,6 +38,7 @@ from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANTS
 from retire_spec.schema import (
     ACTIVE,
+    BEYOND,
     CANCELLED,
     COLUMN_INDEX,
     COLUMNS,
@@ -210,7 +211,8 @@ class Validator:
         ctx = r.need("context")
         if not isinstance(ctx, list):
             raise TraceError(r.line, "context must be a list of block keys")
-        return tuple(self.keys(k) for k in ctx)
+        # fixed length, as the spec's contexts are: the positions past it are the version's own
+        return tuple(self.keys(k) for k in ctx) + (BEYOND,) * (self.bounds.positions - len(ctx))
 
     def _instances(self, r: Record) -> list[ActionInstance]:
         """The spec action instance a logged transition stands for."""
@@ -233,7 +235,10 @@ class Validator:
             return [A(t, (self._page(r), self._part(r), bool(r.need("completes"))))]
         if t == "verify_drafts":
             return [A(t, (self._page(r), bool(r.need("completes"))))]
-        if t in ("close_writer", "reuse_id", "unhold", "free", "evict"):
+        if t == "close_writer":
+            named = d.get("named")
+            return [A(t, (self._page(r), NO_MATCH if named is None else self.keys(named)))]
+        if t in ("reuse_id", "unhold", "free", "evict"):
             return [A(t, (self._page(r),))]
         if t in ("certify", "adopt", "release"):
             return [A(t, (self._scope(r), self._page(r)))]
@@ -404,6 +409,17 @@ class Validator:
                     f"allocate logged inheritable={d['inheritable']}, but the page "
                     f"{'does' if inheritable else 'does not'} hold a block of the current, "
                     "admitted version's context",
+                )
+        if t == "close_writer" and "inheritable" in d:
+            tok = st["page_tok"][inst.args[0]]
+            inheritable = tok != NO_MATCH and tok >= 0
+            if bool(d["inheritable"]) != inheritable:
+                raise TraceError(
+                    r.line,
+                    f"close_writer logged inheritable={d['inheritable']} after the name "
+                    f"{d.get('named')!r}, but in the spec the page "
+                    f"{'has' if inheritable else 'has no'} prefix identity (a name counts only "
+                    "for a completed block past the context of a current, admitted version)",
                 )
         if t == "reuse_id":
             gen = (d.get("changed") or {}).get("generation")

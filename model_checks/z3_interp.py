@@ -133,7 +133,7 @@ class Symbolic:
             label = f"{action.name}.{name}@{tag}"
             if ptype in self.sorts:
                 out.append(z3.Const(label, self.sorts[ptype]))
-            elif ptype in ("Pos", "FrameKind", "Ver"):
+            elif ptype in ("Pos", "FrameKind", "Ver", "Name"):
                 out.append(z3.Int(label, self.ctx))
             elif ptype == "Bool":
                 out.append(z3.Bool(label, self.ctx))

@@ -223,8 +223,8 @@ class WriterClosed:
 
     ``prefix``: for a block past its version's context (the version's own output), the prefix
     identity of the tokens it holds, named by the engine that wrote them. The core keeps it only
-    for a completed page whose version still holds authority (a later context may then inherit
-    the block); otherwise the page stays uninheritable, as it was."""
+    for a completed page whose version is still current and admitted (a later context may then
+    inherit the block); otherwise the name is dropped and the page keeps the identity it had."""
 
     page: PageId = attrs.field(validator=_page)
     digest: str = attrs.field(validator=attrs.validators.instance_of(str))

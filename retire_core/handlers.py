@@ -510,16 +510,11 @@ def on_writer_closed(txn: Txn, ev: WriterClosed) -> None:
     if named is None:
         pages[p] = evolve(page, writer_open=False, full=full, draft=False, digest=digest)
     else:
-        kept = _may_name(txn, page, full)
+        prefix = named if _may_name(txn, page, full) else page.prefix
         pages[p] = evolve(
-            page,
-            writer_open=False,
-            full=full,
-            draft=False,
-            digest=digest,
-            prefix=named if kept else page.prefix,
+            page, writer_open=False, full=full, draft=False, digest=digest, prefix=prefix
         )
-        args += (("named", named), ("inheritable", kept))
+        args += (("named", named), ("inheritable", prefix is not None))
     txn.transitions.append(
         transition(
             "close_writer",

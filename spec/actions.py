@@ -22,6 +22,7 @@ from . import rules
 from .expr import Concrete, Interp, Val
 from .schema import (
     ACTIVE,
+    BEYOND,
     CANCELLED,
     DRAFT,
     DROPPED,
@@ -42,7 +43,7 @@ Guard = Callable[..., Val]
 Effect = Callable[..., dict[str, Val]]
 
 # Parameter types: the four sorts plus small finite choices offered by the bounds.
-PARAM_TYPES = ("Scope", "Part", "Frame", "Page", "Pos", "Ctx", "Bool", "FrameKind", "Ver")
+PARAM_TYPES = ("Scope", "Part", "Frame", "Page", "Pos", "Ctx", "Bool", "FrameKind", "Ver", "Name")
 
 
 @attrs.frozen(slots=True)
@@ -269,10 +270,15 @@ def _current_and_admitted(I: Interp, st: SpecState, s: Val, v: Val) -> Val:
     )
 
 
+def _past_context(I: Interp, st: SpecState, s: Val, i: Val) -> Val:
+    """Position ``i`` lies past scope ``s``'s current context (its version's own output)."""
+    return I.eq(I.get(I.get(st["scope_want"], s), i), I.lit(BEYOND))
+
+
 def allocate_effect(I: Interp, st: SpecState, p: Val, q: Val, i: Val) -> dict[str, Val]:
     s, v = I.get(st["part_scope"], q), I.get(st["part_ver"], q)
     tok = I.ite(
-        _current_and_admitted(I, st, s, v),
+        I.and_(_current_and_admitted(I, st, s, v), I.not_(_past_context(I, st, s, i))),
         I.get(I.get(st["scope_want"], s), i),
         I.lit(NO_MATCH),
     )
@@ -369,19 +375,34 @@ def _no_change(I: Interp, st: SpecState, *args: Val) -> dict[str, Val]:
     return {}
 
 
-def close_writer_guard(I: Interp, st: SpecState, p: Val) -> Val:
+def close_writer_guard(I: Interp, st: SpecState, p: Val, t: Val) -> Val:
     return I.and_(I.get(st["page_alloc"], p), I.get(st["page_writer"], p))
 
 
-def close_writer_effect(I: Interp, st: SpecState, p: Val) -> dict[str, Val]:
+def close_writer_effect(I: Interp, st: SpecState, p: Val, t: Val) -> dict[str, Val]:
     """The writer closes; drafts still unverified are rolled back (the page is then not a
-    completed block), so speculative bytes are never certified."""
+    completed block), so speculative bytes are never certified. ``t``: the prefix identity the
+    engine names for the block (``NO_MATCH``: none). It counts only for a completed block past
+    its version's context written under authority, as ``allocate`` gives a context block its
+    identity; the honest bytes of the version's output are then those of that identity."""
     draft = I.get(st["page_draft"], p)
+    full = I.and_(I.get(st["page_full"], p), I.not_(draft))
+    s, tok, data = I.get(st["page_owner"], p), I.get(st["page_tok"], p), I.get(st["page_data"], p)
+    named = I.and_(
+        I.not_(I.eq(t, I.lit(NO_MATCH))),
+        full,
+        I.eq(tok, I.lit(NO_MATCH)),
+        _current_and_admitted(I, st, s, I.get(st["page_over"], p)),
+        _past_context(I, st, s, I.get(st["page_pos"], p)),
+    )
+    data = I.ite(I.and_(named, I.eq(data, tok)), t, data)
     return {
         "page_writer": I.store(st["page_writer"], p, I.lit(False)),
-        "page_full": I.store(st["page_full"], p, I.and_(I.get(st["page_full"], p), I.not_(draft))),
+        "page_full": I.store(st["page_full"], p, full),
         "page_draft": I.store(st["page_draft"], p, I.lit(False)),
-        "page_digest": I.store(st["page_digest"], p, I.get(st["page_data"], p)),
+        "page_tok": I.store(st["page_tok"], p, I.ite(named, t, tok)),
+        "page_data": I.store(st["page_data"], p, data),
+        "page_digest": I.store(st["page_digest"], p, data),
     }
 
 
@@ -621,7 +642,7 @@ ACTIONS: tuple[Action, ...] = (
     _a("write_draft", "engine", "p:Page q:Part done:Bool", write_draft_guard, write_draft_effect),
     _a("verify_drafts", "engine", "p:Page done:Bool", verify_drafts_guard, verify_drafts_effect),
     _a("fence_write", "core", "p:Page q:Part done:Bool", fence_write_guard, _no_change),
-    _a("close_writer", "engine", "p:Page", close_writer_guard, close_writer_effect),
+    _a("close_writer", "engine", "p:Page t:Name", close_writer_guard, close_writer_effect),
     _a("corrupt", "engine", "p:Page", corrupt_guard, corrupt_effect),
     _a("evict", "engine", "p:Page", evict_guard, free_effect),
     _a("reuse_id", "engine", "p:Page", reuse_id_guard, reuse_id_effect),
@@ -666,6 +687,7 @@ def param_domain(ptype: str, bounds: Bounds) -> tuple[Any, ...]:
         "Bool": (False, True),
         "FrameKind": FRAME_KINDS,
         "Ver": tuple(range(bounds.max_epoch + 1)),
+        "Name": (NO_MATCH, *bounds.names),
     }[ptype]
 
 

@@ -49,6 +49,10 @@ NO_FRAME, IN_FLIGHT, PUBLISHED, DROPPED = 0, 1, 2, 3
 GARBAGE = -1
 # Prefix identity of a page allocated for work without authority: it matches no context.
 NO_MATCH = -2
+# A context position past the version's context: the block the version's own output fills
+# there has no identity from the context (only the engine's name at its writer's close gives it
+# one). Contexts are fixed-length tuples here, so a shorter context ends in these.
+BEYOND = -4
 # Page content written from speculative (draft) tokens the target model has not verified yet:
 # honest only once verified (``verify_drafts`` then turns it into the prefix's bytes, or into
 # garbage for rejected drafts, whose slots are rewritten later).
@@ -129,8 +133,10 @@ class Bounds:
     """The bounded universe of a concrete check and the choices offered to actions.
 
     ``contexts`` are the revised contexts a SUPERSEDE may carry (tuples of prefix identities,
-    one per block position, all of length ``positions``); ``fingerprints`` gives each scope's
-    configuration fingerprint (scopes of different tenants differ).
+    one per block position, all of length ``positions``; a shorter context ends in ``BEYOND``);
+    ``fingerprints`` gives each scope's configuration fingerprint (scopes of different tenants
+    differ); ``names`` are the prefix identities an engine may name for a block of a version's
+    own output when its writer closes (none: the engine names none).
     """
 
     scopes: int = 2
@@ -141,6 +147,7 @@ class Bounds:
     max_epoch: int = 2
     contexts: tuple[tuple[int, ...], ...] = ((1, 2), (1, 3))
     fingerprints: tuple[int, ...] = (0, 0)
+    names: tuple[int, ...] = ()
 
     def sizes(self) -> dict[str, int]:
         return {"Scope": self.scopes, "Part": self.parts, "Frame": self.frames, "Page": self.pages}
@@ -150,6 +157,12 @@ class Bounds:
             raise ValueError("one fingerprint per scope is required")
         if any(len(c) != self.positions for c in self.contexts):
             raise ValueError("every context needs one prefix identity per block position")
+        for c in self.contexts:
+            n = c.index(BEYOND) if BEYOND in c else len(c)
+            if any(k != BEYOND for k in c[n:]):
+                raise ValueError(f"context {c}: BEYOND may only end a context")
+        if any(k < 0 for k in self.names):
+            raise ValueError("a named prefix identity is >= 0")
 
 
 @attrs.frozen(slots=True, cache_hash=True)

@@ -12,7 +12,7 @@ import retire_core as rc
 from retire_checks.abstraction import Universe
 from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance as A
-from retire_spec.schema import COLUMNS, Bounds, Kind, SpecState
+from retire_spec.schema import COLUMNS, NO_MATCH, Bounds, Kind, SpecState
 
 BOUNDS = Bounds(
     scopes=2,
@@ -35,7 +35,7 @@ PATHS: dict[str, tuple[A, ...]] = {
         A("launch", (0, 0, 0)),
         A("allocate", (0, 0, 0)),
         A("attempt_write", (0, 0, True)),
-        A("close_writer", (0,)),
+        A("close_writer", (0, NO_MATCH)),
         A("supersede", (0, (1, 3), True)),
     ),
     "paused": (A("open", (0, (1, 2), True)), A("launch", (0, 0, 0)), A("pause", (0,))),
@@ -45,7 +45,7 @@ PATHS: dict[str, tuple[A, ...]] = {
         A("launch", (0, 0, 0)),
         A("allocate", (0, 0, 0)),
         A("attempt_write", (0, 0, True)),
-        A("close_writer", (0,)),
+        A("close_writer", (0, NO_MATCH)),
         A("emit", (0, 0, 0)),  # a frame still in flight when the version finishes
         A("receipt", (0,)),
         A("finish", (0, 0)),

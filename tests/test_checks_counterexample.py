@@ -12,6 +12,7 @@ from retire_checks.lockstep import RefinementError
 from retire_checks.mutant_kind import CONFIGS
 from retire_checks.mutants import MUTANTS
 from retire_spec.actions import ActionInstance as A
+from retire_spec.schema import NO_MATCH
 
 CONFIG = CONFIGS["chain"]
 MOVES = (
@@ -21,7 +22,8 @@ MOVES = (
     A("supersede", (0, (1,), True)),  # e -> e+1 sharing block 0: the successor waits for it
     A("attempt_write", (0, 0, True)),  # the retired version completes its own block
     A("receipt", (0,)),
-    A("close_writer", (0,)),  # ALIGN certifies and pins block 0; RECLAIM drops the reference
+    # ALIGN certifies and pins block 0; RECLAIM drops the reference
+    A("close_writer", (0, NO_MATCH)),
     A("corrupt", (0,)),  # fault: same block id, same counts, different bytes
     A("report", (0,)),  # the engine's byte check reports the changed digest
 )

@@ -139,8 +139,16 @@ def test_hypothesis_alone_kills_every_core_mutant() -> None:
     to the rules lets one survive, re-pick ``fuzz.FUZZ_SEED`` or raise the count)."""
     from retire_checks.fuzz import run_machine
 
+    # a kill counts only if the unmutated core passes the very same examples
+    assert run_machine(max_examples=mutants.HYPOTHESIS_EXAMPLES) is None
     survivors = []
+    # The machine runs one KV cache group, where these two are equivalent to the real core
+    # (their kills at 1,000 examples once came from a false failure of the machine itself).
+    multi_group = {m.name for m in mutants.CORE_MUTANTS if any(c.kv_windows[1:] for c in m.configs)}
+    assert multi_group == {"admit_counts_pages", "cut_ignores_other_groups"}
     for mutant in mutants.CORE_MUTANTS:
+        if mutant.name in multi_group:
+            continue
         with mutant.active():
             if run_machine(max_examples=mutants.HYPOTHESIS_EXAMPLES) is None:
                 survivors.append(mutant.name)

@@ -18,6 +18,7 @@ from retire_checks.profiles import QUICK
 from retire_spec.actions import ActionInstance as A
 from retire_spec.expr import Concrete
 from retire_spec.invariants import INVARIANT_BY_NAME
+from retire_spec.schema import NO_MATCH
 
 CHAIN = next(c for c in QUICK.configs if c.name == "chain")
 
@@ -87,7 +88,7 @@ def test_a_lost_receipt_holds_the_version_and_quiescence_reports_it() -> None:
         A("allocate", (0, 0, 0)),
         A("attempt_write", (0, 0, True)),
         A("supersede", (0, (2,), True)),
-        A("close_writer", (0,)),
+        A("close_writer", (0, NO_MATCH)),
     ):
         ls.env(m)
     # participant 0's receipt never arrives: its page stays allocated and referenced

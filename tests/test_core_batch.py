@@ -25,6 +25,7 @@ from retire_checks.environment import Budget, env_moves
 from retire_checks.fuzz import BOUNDS
 from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance
+from retire_spec.schema import NO_MATCH
 
 SEEDS = range(60)
 
@@ -74,7 +75,7 @@ def walk(seed: int, moves: int = 80) -> tuple[int, list[Any], list[Any]]:
             p, q, _ = move.args
             ls.env(move)
             ls.env(ActionInstance("attempt_write", (p, q, True)))
-            ls.env(ActionInstance("close_writer", (p,)))
+            ls.env(ActionInstance("close_writer", (p, NO_MATCH)))
             continue
         keep = [
             m

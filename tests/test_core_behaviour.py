@@ -14,6 +14,7 @@ import retire_core as rc
 from retire_checks.lockstep import Lockstep
 from retire_spec.actions import ActionInstance as A
 from retire_spec.invariants import QUIESCENCE
+from retire_spec.schema import NO_MATCH
 from tests.helpers import UNI, lockstep_at
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -26,10 +27,10 @@ def _warm_predecessor(ls: Lockstep, ctx: tuple[int, int] = (1, 2)) -> None:
         A("launch", (0, 0, 0)),
         A("allocate", (0, 0, 0)),
         A("attempt_write", (0, 0, True)),
-        A("close_writer", (0,)),
+        A("close_writer", (0, NO_MATCH)),
         A("allocate", (1, 0, 1)),
         A("attempt_write", (1, 0, True)),
-        A("close_writer", (1,)),
+        A("close_writer", (1, NO_MATCH)),
     ):
         ls.env(move)
 
@@ -95,7 +96,7 @@ def test_align_waits_for_an_open_writer_in_the_common_prefix() -> None:
         ls.env(move)
     out = ls.env(A("supersede", (0, (1, 2), True)))
     assert _commands(out, rc.PinCertified) == [] and _commands(out, rc.Admit) == []
-    closed = ls.env(A("close_writer", (0,)))
+    closed = ls.env(A("close_writer", (0, NO_MATCH)))
     (pin,) = _commands(closed, rc.PinCertified)
     assert pin.certificate.pages == (0,)
 

@@ -293,8 +293,8 @@ def test_certified_bytes_verified_alone_catches_certified_drafts() -> None:
     clean = explore_spec(world, invariants=certified + no_drafts)
     assert clean.violation is None and clean.exhaustive
 
-    def close_keeping_draft_flag(I: Interp, st: SpecState, p: Val) -> dict[str, Val]:
-        effect = spec_actions.close_writer_effect(I, st, p)
+    def close_keeping_draft_flag(I: Interp, st: SpecState, p: Val, t: Val) -> dict[str, Val]:
+        effect = spec_actions.close_writer_effect(I, st, p, t)
         del effect["page_draft"]
         return effect
 
