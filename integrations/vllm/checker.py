@@ -10,8 +10,10 @@ an independent salt), and :meth:`Checker.verify` compares:
 * **pages**: every adopted page was certified at its position, was reported with its certified
   digest, is still retained for this version at the same vLLM generation, its bytes *now* (read
   independently of the facade's byte check) still have the certified digest, and they equal the
-  bytes the clean reference computed for that block; vLLM's prefix hit is exactly the adopted
-  block ids and ``num_cached_tokens`` is the adopted token count;
+  bytes the clean reference computed for that block (for a block the previous version's decode
+  wrote, a clean run of that version: a decode's KV is not a prefill's to the bit); vLLM's
+  prefix hit is exactly the adopted block ids and ``num_cached_tokens`` is the adopted token
+  count;
 * **receipts**: every participant of every retired version delivered its receipt, and no page of
   a retired version is still retained unless it was adopted;
 * **publication**: nothing of a retired version reached the consumer after the revision that
@@ -182,14 +184,15 @@ class Checker:
             if not engine.has_unfinished_requests():
                 break
             outputs = engine.step()
-            # A prompt's full blocks never change once computed: digest each group's as the step
-            # that filled them returns (a sliding window drops them at the next schedule).
+            # A full block never changes once computed: digest each group's as the step that
+            # filled it returns (a sliding window drops them at the next schedule). The blocks
+            # the decode wrote too: a successor may inherit them from a version that ran.
             unread: dict[tuple[str, int, int], int] = {}
-            for rid, (prompt, _) in ids.items():
+            for rid in ids:
                 request = sched.requests.get(rid)
                 if request is None:
                     continue
-                full = min(len(prompt) // bs, int(request.num_computed_tokens) // bs)
+                full = int(request.num_computed_tokens) // bs
                 for g, table in enumerate(ix.manager_block_tables(kvm, rid)):
                     for i in range(min(full, len(table))):
                         if table[i] != null and (g, i) not in digests[rid]:
@@ -244,12 +247,13 @@ class Checker:
         previous = log.version(rec.version - 1) if rec.version > 0 else None
         expected: int | None = None
         if previous is not None:
+            written = identity.written_tokens(previous.prompt, previous.output_token_ids)
             expected = (
-                identity.expected_adopted_blocks(previous.prompt, rec.prompt, facade.block_size)
+                identity.expected_adopted_blocks(written, rec.prompt, facade.block_size)
                 if rec.contract.allows_reuse
                 else 0
             )
-        page_problems, kv_ok = self._check_pages(facade, rec, ref)
+        page_problems, kv_ok = self._check_pages(facade, rec, ref, previous)
         return Verdict(
             scope=scope,
             version=rec.version,
@@ -278,8 +282,16 @@ class Checker:
         return RunVerdict(tuple(verdicts))
 
     def _check_pages(
-        self, facade: RetireEngine, rec: VersionRecord, ref: Reference
+        self,
+        facade: RetireEngine,
+        rec: VersionRecord,
+        ref: Reference,
+        previous: VersionRecord | None = None,
     ) -> tuple[list[str], bool | None]:
+        """``previous``: the version before ``rec``. A block past its prompt's full blocks was
+        written by its decode, whose KV is not bit-identical to a prefill's of the same tokens
+        (float rounding): such an adopted page is compared with a clean run of ``previous``
+        (decode-written there too), not with ``rec``'s reference."""
         problems: list[str] = []
         bs = facade.block_size
         adopted = list(rec.adopted_pages)
@@ -334,7 +346,10 @@ class Checker:
                 problems.append(f"page {page} changed generation since certification")
             if now[page] != digest:
                 problems.append(f"page {page}: bytes now != certified digest (content changed)")
-            reference = ref.block_digests.get((group, pos))
+            source = ref
+            if previous is not None and pos >= len(previous.prompt) // bs:
+                source = self.reference(previous.prompt, previous.max_tokens, facade)
+            reference = source.block_digests.get((group, pos))
             if reference is not None and now[page] != reference:
                 kv_ok = False
                 problems.append(

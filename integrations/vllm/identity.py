@@ -149,13 +149,21 @@ def expected_adopted_blocks(
     predecessor: Sequence[int], successor: Sequence[int], block_size: int
 ) -> int:
     """Blocks a warm successor adopts when nothing fails: the common prefix rounded down to full
-    blocks, within the last-token rule of both prompts (a predecessor block has an identity
-    only if vLLM could have served it for the predecessor's prompt)."""
+    blocks, within the successor's last-token rule (it inherits only what vLLM could serve as
+    its prompt's prefix hit). ``predecessor``: the tokens whose KV the predecessor wrote -- its
+    prompt, and, for a version that ran, its output but the last token; each full block of them
+    has an identity (its context's, or the one the engine named at its writer's close)."""
     return min(
         common_prefix_len(predecessor, successor) // block_size,
-        adoptable_blocks(len(predecessor), block_size),
+        len(predecessor) // block_size,
         adoptable_blocks(len(successor), block_size),
     )
+
+
+def written_tokens(prompt: Sequence[int], output: Sequence[int]) -> tuple[int, ...]:
+    """The tokens whose KV a version that ran wrote: its prompt and its output but the last
+    token (sampled in the last step, never computed)."""
+    return (*prompt, *output[:-1])
 
 
 def fingerprint(
