@@ -2,10 +2,10 @@
 
 A ``Mutant`` names one seeded bug -- a patch of one ``retire_core`` decision (a *core* mutant) or
 an alternative spec action table (a *spec* mutant) -- with the bug kind of issue 3 it seeds, the
-explorer configurations it must show in and the checks that must each find it. ``CONFIGS`` are the
-quick profile's configurations by name; ``SPEC_*`` are the smaller spec-only worlds. What does not
-live here: the mutants themselves (``mutants_core``, ``mutants_spec``) and judging them
-(``mutants``).
+explorer configurations it must show in and the checks that must each find it, and the patch
+helper ``patched``. ``CONFIGS`` are the quick profile's configurations by name; ``SPEC_*`` are
+the smaller spec-only worlds. What does not live here: the mutants themselves (``mutants_core``,
+``mutants_commands``, ``mutants_spec``) and judging them (``mutants``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import attrs
 
@@ -59,3 +60,8 @@ class Mutant:
             return
         with self.patch():
             yield
+
+
+def patched(target: Any, name: str, value: Any) -> Callable[[], Any]:
+    """A mutant's patch: ``target.name`` replaced by ``value`` while the mutant is active."""
+    return lambda: mock.patch.object(target, name, value)

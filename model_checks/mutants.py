@@ -13,7 +13,8 @@ runs the checks on one mutant and ``run_catalogue`` on all; a survivor makes the
 fail. Mutants name the bug kinds of issue 3 in their ``kind``; the explorer configurations each
 one is judged in are small slices of the quick profile (a bug must show within them). What does
 not live here: the checks themselves (``explorer``, ``proofs``, ``fuzz``), the ``Mutant`` record
-and its worlds (``mutant_kind``), and the mutants (``mutants_core``, ``mutants_spec``).
+and its worlds (``mutant_kind``), and the mutants (``mutants_core``, ``mutants_commands``,
+``mutants_spec``).
 """
 
 from __future__ import annotations

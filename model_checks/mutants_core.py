@@ -1,11 +1,11 @@
-"""Core mutants: seeded bugs in ``retire_core``'s decisions and in the commands it emits.
+"""Core mutants: seeded bugs in ``retire_core``'s decisions, and the whole core catalogue.
 
 Each patches one decision of the core (``unittest.mock.patch`` on the gates, handoff,
-reclamation or a record method, or on the ``table.TABLE`` entries of an event: ``_handler``), or
-keeps the decisions and changes what the engine is told (the *command* mutants: a missing
-``Fence``, ``Unpin`` or ``Admit``, an ``Admit`` of the wrong version ...). The spec is left alone,
-so the explorer over the real core must find a refinement, invariant or quiescence violation.
-What does not live here: the ``Mutant`` record (``mutant_kind``), spec mutants (``mutants_spec``)
+reclamation, the batch path or a record method, or on the ``table.TABLE`` entries of an event:
+``_handler``). The spec is left alone, so the explorer over the real core must find a refinement,
+invariant or quiescence violation. ``CORE_MUTANTS`` is these and the command mutants. What does
+not live here: the command mutants (``mutants_commands``: the core decides right but tells the
+engine something else), the ``Mutant`` record (``mutant_kind``), spec mutants (``mutants_spec``)
 and judging (``mutants``).
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from unittest import mock
 
 import attrs
 
 import retire_core as rc
-from retire_checks.mutant_kind import CONFIGS, Mutant
+from retire_checks.mutant_kind import CONFIGS, Mutant, patched
+from retire_checks.mutants_commands import COMMAND_MUTANTS
 from retire_core import connection, gates, handlers, handoff, machine, reclaim, table
 from retire_core.state import evolve as evolve_record
 
@@ -296,10 +296,6 @@ def _name_incomplete(txn: Any, page: rc.PageRecord, full: bool) -> bool:
 _may_name = handlers._may_name
 
 
-def _p(target: Any, name: str, value: Any) -> Callable[[], Any]:
-    return lambda: mock.patch.object(target, name, value)
-
-
 def _handler(
     event: type, fn: Callable[[Any, Any], None], also: tuple[rc.ScopeState | None, ...] = ()
 ) -> Callable[[], Any]:
@@ -319,9 +315,6 @@ def _handler(
     return patch
 
 
-# --- command mutants: the core decides right but tells the engine something else ----------------
-
-_dispatch = machine.dispatch
 _run_batch = machine.run_batch
 
 
@@ -337,71 +330,8 @@ def _batch_losing_last_event(state: Any, events: Any, counts: list[int] | None =
     return txn
 
 
-def _commands(edit: Callable[[Any, Any], list[Any]]) -> Callable[[], Any]:
-    """A mutant that runs every event as the core does and then rewrites the commands it
-    emits (``edit(txn, commands)`` returns the new list); the core's state and transitions are
-    left alone, so only the check of the commands against the engine's books can see it."""
-
-    def apply(txn: Any, event: Any) -> None:
-        _dispatch(txn, event)
-        if txn.commands:
-            txn.commands[:] = edit(txn, list(txn.commands))
-
-    return _p(machine, "dispatch", apply)
-
-
-def _without(cls: type) -> Callable[[], Any]:
-    return _commands(lambda txn, cmds: [c for c in cmds if not isinstance(c, cls)])
-
-
-def _mapped(cls: type, fn: Callable[[Any, Any], Any]) -> Callable[[], Any]:
-    return _commands(lambda txn, cmds: [fn(txn, c) if isinstance(c, cls) else c for c in cmds])
-
-
-def _fence_first_only(txn: Any, c: rc.Fence) -> rc.Fence:
-    return attrs.evolve(c, participants=c.participants[:1])
-
-
-def _admit_next_version(txn: Any, c: rc.Admit) -> rc.Admit:
-    return attrs.evolve(c, version=c.version + 1)
-
-
-def _admit_claiming_blocks(txn: Any, c: rc.Admit) -> rc.Admit:
-    blocks = len(txn.scopes[c.scope].context)
-    return attrs.evolve(c, adopted_blocks=blocks, cold=False)
-
-
-def _admit_counting_pages(txn: Any, c: rc.Admit) -> rc.Admit:
-    adopted = sum(
-        len(a.pages) for a in txn.commands if isinstance(a, rc.Adopt) and a.scope == c.scope
-    )
-    return c if c.cold else attrs.evolve(c, adopted_blocks=adopted)
-
-
 def _cut_reads_first_group(windows: tuple[int, ...], cut: int) -> list[tuple[int, int]]:
     return [(0, i) for i in range(max(0, cut - windows[0]) if windows[0] else 0, cut)]
-
-
-def _adopt_previous_version(txn: Any, c: rc.Adopt) -> rc.Adopt:
-    return attrs.evolve(c, version=c.version - 1)
-
-
-def _drop_as_publish(txn: Any, c: rc.Drop) -> rc.Publish:
-    return rc.Publish(c.frame, c.scope, c.version, c.kind)
-
-
-def _fence_write_as_allow(txn: Any, c: rc.FenceWrite) -> rc.AllowWrite:
-    return rc.AllowWrite(c.page, c.participant)
-
-
-def _free_with_pinned(txn: Any, cmds: list[Any]) -> list[Any]:
-    pinned = tuple(p for p, page in txn.pages.items() if page.pinned)
-    return [
-        attrs.evolve(c, pages=c.pages + tuple(p for p in pinned if p not in c.pages))
-        if isinstance(c, rc.Free) and pinned
-        else c
-        for c in cmds
-    ]
 
 
 _C = CONFIGS
@@ -412,7 +342,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the publication gate forgets the version check for token frames",
         (_C["chain"],),
-        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.TOKEN)),
+        patched(handlers, "publication_gate", _stale_gate(rc.FrameKind.TOKEN)),
     ),
     Mutant(
         "stale_commit_applied",
@@ -420,7 +350,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the scheduler commit gate forgets the version check",
         (_C["control"],),
-        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.COMMIT)),
+        patched(handlers, "publication_gate", _stale_gate(rc.FrameKind.COMMIT)),
     ),
     Mutant(
         "stale_state_installed",
@@ -428,7 +358,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the state install gate forgets the version check",
         (_C["control"],),
-        _p(handlers, "publication_gate", _stale_gate(rc.FrameKind.INSTALL)),
+        patched(handlers, "publication_gate", _stale_gate(rc.FrameKind.INSTALL)),
     ),
     Mutant(
         "cancelled_scope_publishes",
@@ -436,7 +366,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "frames of a cancelled scope's last version still publish",
         (_C["control"],),
-        _p(handlers, "publication_gate", _cancelled_gate),
+        patched(handlers, "publication_gate", _cancelled_gate),
     ),
     Mutant(
         "open_writer_page_adopted",
@@ -444,7 +374,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "ALIGN certifies pages whose writer is still open",
         (_C["chain"],),
-        _p(handoff, "_candidates", _candidates_open_writers),
+        patched(handoff, "_candidates", _candidates_open_writers),
     ),
     Mutant(
         "prefix_mismatch_adopted",
@@ -452,7 +382,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "ALIGN certifies a page whatever prefix it covers",
         (_C["chain"],),
-        _p(handoff, "_candidates", _candidates_any_prefix),
+        patched(handoff, "_candidates", _candidates_any_prefix),
     ),
     Mutant(
         "foreign_fingerprint_adopted",
@@ -460,7 +390,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "ALIGN certifies matching-prefix pages of any owner and configuration fingerprint",
         (_C["tenants"],),
-        _p(handoff, "_candidates", _candidates_any_scope),
+        patched(handoff, "_candidates", _candidates_any_scope),
     ),
     Mutant(
         "generation_reused",
@@ -476,7 +406,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the adoption check ignores the ownership generation",
         (_C["chain"],),
-        _p(handoff, "verify_adoption", _verify_ignoring("generation")),
+        patched(handoff, "verify_adoption", _verify_ignoring("generation")),
     ),
     Mutant(
         "digest_ignored",
@@ -484,7 +414,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the adoption check ignores the content digest",
         (_C["chain"],),
-        _p(handoff, "verify_adoption", _verify_ignoring("digest")),
+        patched(handoff, "verify_adoption", _verify_ignoring("digest")),
     ),
     Mutant(
         "pin_released_before_adoption",
@@ -492,7 +422,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "RECLAIM drops a certified page's handoff pin once its version drained",
         (_C["chain"],),
-        _p(reclaim, "reclaim", _reclaim_unpinning_drained),
+        patched(reclaim, "reclaim", _reclaim_unpinning_drained),
     ),
     Mutant(
         "freed_while_referenced",
@@ -500,7 +430,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "RECLAIM drops an obsolete version's references without waiting for its receipts",
         (_C["chain"],),
-        _p(reclaim, "reclaim", _reclaim_ignoring_references),
+        patched(reclaim, "reclaim", _reclaim_ignoring_references),
     ),
     Mutant(
         "retired_writer_overwrites_successor",
@@ -508,7 +438,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the write gate lets any version of the owning scope write an open page",
         (_C["chain"],),
-        _p(handlers, "write_gate", _write_gate_ignoring("version")),
+        patched(handlers, "write_gate", _write_gate_ignoring("version")),
     ),
     Mutant(
         "cross_tenant_write",
@@ -516,7 +446,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the write gate lets any scope write an open page of the same version number",
         (_C["tenants"],),
-        _p(handlers, "write_gate", _write_gate_ignoring("owner")),
+        patched(handlers, "write_gate", _write_gate_ignoring("owner")),
     ),
     Mutant(
         "freed_one_receipt_short",
@@ -525,7 +455,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "RECLAIM frees a retired version's pages once all but one of its participants (ranks) "
         "have delivered their receipts",
         (_C["chain"],),
-        _p(reclaim, "reclaim", _reclaim_one_receipt_short),
+        patched(reclaim, "reclaim", _reclaim_one_receipt_short),
     ),
     Mutant(
         "closed_on_partial_receipts",
@@ -533,7 +463,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "a version counts as drained once any one of its participants has closed",
         (_C["chain"],),
-        _p(rc.ScopeRecord, "drained", _partial_drained),
+        patched(rc.ScopeRecord, "drained", _partial_drained),
     ),
     Mutant(
         "pause_loses_authority",
@@ -541,7 +471,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "the publication gate drops frames of a paused scope's current version",
         (_C["control"],),
-        _p(handlers, "publication_gate", _pause_gate),
+        patched(handlers, "publication_gate", _pause_gate),
     ),
     Mutant(
         "cancel_creates_successor",
@@ -557,7 +487,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "a revision during a pending handoff forgets the certificate without unpinning",
         (_C["chain"],),
-        _p(handoff, "release_certificate", _release_keeping_pins),
+        patched(handoff, "release_certificate", _release_keeping_pins),
     ),
     Mutant(
         "align_takes_same_tenant_page",
@@ -565,55 +495,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "ALIGN certifies matching pages of another scope of the same tenant and model",
         (_C["twins"],),
-        _p(handoff, "_candidates", _candidates_any_owner),
-    ),
-    Mutant(
-        "fence_dropped",
-        "command dropped (Fence)",
-        "core",
-        "the core fences retired participants in its state but never tells the engine",
-        (_C["chain"],),
-        _without(rc.Fence),
-    ),
-    Mutant(
-        "fence_partial",
-        "command distorted (Fence)",
-        "core",
-        "a Fence names only the first of the retired version's running participants",
-        (_C["chain"],),
-        _mapped(rc.Fence, _fence_first_only),
-    ),
-    Mutant(
-        "admit_dropped",
-        "command dropped (Admit)",
-        "core",
-        "the core admits a version but never tells the engine to start it",
-        (_C["chain"],),
-        _without(rc.Admit),
-    ),
-    Mutant(
-        "admit_wrong_version",
-        "command distorted (Admit)",
-        "core",
-        "Admit names the version after the one admitted",
-        (_C["chain"],),
-        _mapped(rc.Admit, _admit_next_version),
-    ),
-    Mutant(
-        "admit_claims_adoption",
-        "command distorted (Admit)",
-        "core",
-        "Admit tells the engine every block of the context was adopted",
-        (_C["chain"],),
-        _mapped(rc.Admit, _admit_claiming_blocks),
-    ),
-    Mutant(
-        "admit_counts_pages",
-        "command distorted (Admit)",
-        "core",
-        "Admit counts the pages adopted as blocks: with two KV cache groups, twice the cut",
-        (_C["groups"],),
-        _mapped(rc.Admit, _admit_counting_pages),
+        patched(handoff, "_candidates", _candidates_any_owner),
     ),
     Mutant(
         "cut_ignores_other_groups",
@@ -622,87 +504,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "ALIGN and RESUME take only the first KV cache group's pages for a cut: the successor "
         "starts without the other groups' blocks",
         (_C["groups"],),
-        _p(handoff, "required_slots", _cut_reads_first_group),
-    ),
-    Mutant(
-        "pin_certified_dropped",
-        "command dropped (PinCertified)",
-        "core",
-        "ALIGN pins the certificate in the core's state but never asks the engine to pin",
-        (_C["chain"],),
-        _without(rc.PinCertified),
-    ),
-    Mutant(
-        "adopt_dropped",
-        "command dropped (Adopt)",
-        "core",
-        "RESUME adopts pages in the core's state but never hands them to the engine",
-        (_C["chain"],),
-        _without(rc.Adopt),
-    ),
-    Mutant(
-        "adopt_wrong_version",
-        "command distorted (Adopt)",
-        "core",
-        "Adopt hands the pages to the predecessor's version instead of the successor's",
-        (_C["chain"],),
-        _mapped(rc.Adopt, _adopt_previous_version),
-    ),
-    Mutant(
-        "unpin_dropped",
-        "command dropped (Unpin)",
-        "core",
-        "released handoff pins are never released in the engine",
-        (_C["chain"],),
-        _without(rc.Unpin),
-    ),
-    Mutant(
-        "free_dropped",
-        "command dropped (Free)",
-        "core",
-        "RECLAIM forgets pages but never gives them back to the engine",
-        (_C["chain"],),
-        _without(rc.Free),
-    ),
-    Mutant(
-        "free_pinned_page",
-        "command distorted (Free)",
-        "core",
-        "a Free also names every page that still carries a handoff pin",
-        (_C["handoff"],),
-        _commands(_free_with_pinned),
-    ),
-    Mutant(
-        "drop_published",
-        "command distorted (Drop)",
-        "core",
-        "a frame the gate dropped is sent to the engine as Publish",
-        (_C["chain"],),
-        _mapped(rc.Drop, _drop_as_publish),
-    ),
-    Mutant(
-        "publish_dropped",
-        "command dropped (Publish)",
-        "core",
-        "a frame the gate published never reaches the engine",
-        (_C["chain"],),
-        _without(rc.Publish),
-    ),
-    Mutant(
-        "fence_write_allowed",
-        "command distorted (FenceWrite)",
-        "core",
-        "a write the isolation gate fenced is sent to the engine as AllowWrite",
-        (_C["chain"],),
-        _mapped(rc.FenceWrite, _fence_write_as_allow),
-    ),
-    Mutant(
-        "allow_write_dropped",
-        "command dropped (AllowWrite)",
-        "core",
-        "a write the gate allowed is never answered",
-        (_C["chain"],),
-        _without(rc.AllowWrite),
+        patched(handoff, "required_slots", _cut_reads_first_group),
     ),
     Mutant(
         "batch_loses_last_event",
@@ -710,7 +512,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "Retire.handle_batch leaves out the last event of a batch of several",
         (),
-        _p(connection, "run_batch", _batch_losing_last_event),
+        patched(connection, "run_batch", _batch_losing_last_event),
         judged_by=("hypothesis",),
     ),
     Mutant(
@@ -719,7 +521,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "frames of a version that ran to its end still publish",
         (_C["control"],),
-        _p(handlers, "publication_gate", _finished_gate),
+        patched(handlers, "publication_gate", _finished_gate),
     ),
     Mutant(
         "finished_version_keeps_pages",
@@ -727,7 +529,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "RECLAIM treats a finished scope's version as live: its pages never go back",
         (_C["control"],),
-        _p(reclaim, "_ENDED", (rc.ScopeState.CANCELLED,)),
+        patched(reclaim, "_ENDED", (rc.ScopeState.CANCELLED,)),
     ),
     Mutant(
         "finish_without_fence",
@@ -736,14 +538,6 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "a version reported finished while a participant of it still runs is not fenced",
         (_C["control"],),
         _handler(rc.VersionFinished, _finish_without_fence),
-    ),
-    Mutant(
-        "release_to_cache_dropped",
-        "command dropped (ReleaseToCache)",
-        "core",
-        "a finished version's pages are never given back to the engine's cache",
-        (_C["control"],),
-        _without(rc.ReleaseToCache),
     ),
     Mutant(
         "forgotten_scope_kept",
@@ -769,7 +563,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "ALIGN certifies and pins even when the contract says reuse is not worth it",
         (_C["chain"],),
-        _p(handoff, "certify_prefix", _certify_cold_too),
+        patched(handoff, "certify_prefix", _certify_cold_too),
     ),
     Mutant(
         "drafts_not_rolled_back",
@@ -801,7 +595,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "a block named at its writer's close after its version was revised becomes inheritable",
         (_C["output"],),
-        _p(handlers, "_may_name", _name_after_revision),
+        patched(handlers, "_may_name", _name_after_revision),
     ),
     Mutant(
         "incomplete_block_named",
@@ -809,6 +603,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "a name counts for a block of the version's output that was never completed",
         (_C["output"],),
-        _p(handlers, "_may_name", _name_incomplete),
+        patched(handlers, "_may_name", _name_incomplete),
     ),
+    *COMMAND_MUTANTS,
 )
