@@ -396,6 +396,20 @@ def test_no_old_token_is_read_after_the_revision_is_accepted(
     retire_server.check_clean()
 
 
+def fresh_connections() -> httpx.AsyncClient:
+    """A client that opens a connection per request: a poll every few milliseconds on a kept-alive
+    connection can meet the server closing it ("Server disconnected without sending a
+    response", seen once in a full run), a race of the transport, not of what is tested."""
+    return httpx.AsyncClient(
+        timeout=CLIENT_TIMEOUT_S, limits=httpx.Limits(max_keepalive_connections=0)
+    )
+
+
+async def until_admitted(h: httpx.AsyncClient, scope_url: str) -> None:
+    while (await h.get(scope_url)).status_code != 200:
+        await asyncio.sleep(0.005)
+
+
 def test_the_old_stream_ends_at_once_with_superseded(
     client: openai.OpenAI, retire_server: RetireServer
 ) -> None:
@@ -409,10 +423,9 @@ def test_the_old_stream_ends_at_once_with_superseded(
             return await read_stream(s)
 
         old = asyncio.create_task(old_stream())
-        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as h:
+        async with fresh_connections() as h:
             # Paused as soon as its version exists, the old version cannot reach its end.
-            while (await h.get(f"{base}/v1/scopes/ends")).status_code != 200:
-                await asyncio.sleep(0.005)
+            await until_admitted(h, f"{base}/v1/scopes/ends")
             (await h.post(f"{base}/v1/scopes/ends/pause")).raise_for_status()
             info = (await h.get(f"{base}/v1/scopes/ends")).json()
         revision = await c.completions.with_raw_response.create(
@@ -515,11 +528,8 @@ def test_a_revision_that_arrives_while_a_step_is_in_flight(
     async def run(scope: str) -> tuple[Any, Any]:
         c = retire_server.openai(asynchronous=True)
         old = asyncio.create_task(_stream(c, retire_server.model, scope, prompt(80, 3000), 1000))
-        async with httpx.AsyncClient(
-            timeout=CLIENT_TIMEOUT_S
-        ) as h:  # version 0 is admitted: its prefill is starting
-            while (await h.get(f"{retire_server.base}/v1/scopes/{scope}")).status_code != 200:
-                await asyncio.sleep(0.005)
+        async with fresh_connections() as h:  # version 0 is admitted: its prefill is starting
+            await until_admitted(h, f"{retire_server.base}/v1/scopes/{scope}")
         new = await _stream(c, retire_server.model, scope, prompt(81, 40), 8)
         result = await old, new
         await c.close()
