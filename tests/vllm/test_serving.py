@@ -12,6 +12,7 @@ revision was accepted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import random
@@ -587,6 +588,49 @@ def test_a_disconnected_client_ends_its_version_and_the_scope_stays_live(
     after = complete(client, model, [*base, 7, 8, 9], 4, **scoped("gone"))
     assert after.usage.prompt_tokens_details.cached_tokens == (len(base) // BLOCK) * BLOCK
     assert cancel(retire_server, "gone").status_code == 200
+
+
+def test_a_client_that_leaves_while_its_revision_opens_leaves_no_admission(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    """The client leaves while its revision's open call waits behind another request's long
+    prefill (the step in flight): the API process tells the engine side to forget the admission
+    nobody will use (``abandon``), which gives back the handoff pins of the blocks it adopted;
+    nothing is left behind (the fixture's leak check includes admissions and pins), and the next
+    revision still inherits the prefix. (Before the pins were given back, that revision's end
+    stopped the engine core: a finished version's block was still pinned.)"""
+    model = retire_server.model
+    base = prompt(90, 130)
+    complete(client, model, base, 4, **scoped("left"))
+
+    def abandoned() -> int:
+        return int(retire_server.leaks()["counters"].get("abandoned_admissions", 0))
+
+    async def leave_while_opening(attempt: int, delay: float) -> None:
+        c = retire_server.openai(asynchronous=True)
+        # unscoped, so added at once: its prefill (about 130 ms here) is the step in flight
+        load = prompt(95 + attempt, 3000)
+        busy = asyncio.create_task(complete(c, model, load, 1))
+        await asyncio.sleep(0.01)
+        revision = asyncio.create_task(complete(c, model, [*base, attempt], 4, **scoped("left")))
+        await asyncio.sleep(delay)
+        revision.cancel()  # closes its connection: the client is gone
+        with contextlib.suppress(asyncio.CancelledError):
+            await revision
+        await busy
+        await c.close()
+
+    before = abandoned()
+    for attempt, delay in enumerate([0.05, 0.07, 0.04, 0.09, 0.06][:ATTEMPTS]):
+        asyncio.run(leave_while_opening(attempt, delay))
+        if abandoned() > before:
+            break
+    assert abandoned() > before, "no attempt left while its revision was being opened"
+    info = status(retire_server, "left").json()
+    assert info["state"] == "active" and info["receipts_outstanding"] == 0, info
+    after = complete(client, model, [*base, 7, 8, 9], 4, **scoped("left"))
+    assert after.usage.prompt_tokens_details.cached_tokens == (len(base) // BLOCK) * BLOCK
+    assert cancel(retire_server, "left").status_code == 200
 
 
 def test_two_tenants_share_no_page(client: openai.OpenAI, retire_server: RetireServer) -> None:

@@ -260,6 +260,18 @@ class EngineSide:
         started: list[Event] = [ParticipantStarted(scope, version, p) for p in participants]
         self.commands.run(self.decide(started))
 
+    def forget_admission(self, scope: str, version: int) -> bool:
+        """The request of an admitted version will never arrive (its client left while the version
+        was opened): drop the admission and the handoff pins of the blocks it adopted, which that
+        request's own references would have replaced. False: no such admission."""
+        admission = self.admissions.pop((scope, version), None)
+        if admission is None:
+            return False
+        for block in sorted(observe.table_pages(admission.adopted, self.null_block)):
+            self.ledger.release_handoff(block)
+        self.count("abandoned_admissions")
+        return True
+
     @_hook("schedule")
     def withheld(self, scheduler: Any) -> set[str]:
         if self.retire is None or not self.reqs:

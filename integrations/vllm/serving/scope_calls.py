@@ -124,9 +124,8 @@ class ScopeCalls:
     def op_abandon(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The API process will never add the request of this admitted version (its client left
         while the version was opened): forget the admission."""
-        key = (check_name(payload.get("scope"), "scope"), int(payload["version"]))
-        dropped = self.side.admissions.pop(key, None)
-        return {"ok": True, "dropped": dropped is not None}
+        scope = check_name(payload.get("scope"), "scope")
+        return {"ok": True, "dropped": self.side.forget_admission(scope, int(payload["version"]))}
 
     def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
