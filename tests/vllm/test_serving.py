@@ -704,6 +704,99 @@ def test_clients_that_leave_at_any_moment_leave_nothing_behind(
         assert cancel(retire_server, scope).status_code == 200
 
 
+#: The refusals a client racing pause, resume and cancel can meet: nothing else may fail.
+RACE_REFUSALS = {"scope_not_found", "scope_cancelled", "illegal_scope_transition"}
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_pause_resume_and_cancel_race_revisions_and_clients_that_leave(
+    client: openai.OpenAI, retire_server: RetireServer, seed: int
+) -> None:
+    """As above, with pause, resume and cancel of the same scopes at random moments among the
+    requests. Every request or call either succeeds or is refused with one of
+    ``RACE_REFUSALS`` in OpenAI's error format (a request on a cancelled scope, pausing a paused
+    one); then every scope is resumed, the requests still open reach their end, and nothing is
+    left once the scopes are cancelled."""
+    rng = random.Random(seed)
+    model = retire_server.model
+    bases = {f"race-{seed}-{i}": prompt(300 + 10 * seed + i, 100) for i in range(2)}
+    requests = [
+        (
+            rng.choice(sorted(bases)),
+            rng.uniform(0, 0.6),
+            rng.random() < 0.5,
+            None if rng.random() < 0.5 else rng.uniform(0, 0.15),
+            rng.randrange(0, 40),
+        )
+        for _ in range(20)
+    ]
+    controls = [
+        (rng.choice(sorted(bases)), rng.uniform(0, 0.6), rng.choice(["pause", "resume"]))
+        for _ in range(12)
+    ]
+    controls.append((rng.choice(sorted(bases)), rng.uniform(0.2, 0.6), "cancel"))
+    failures: list[BaseException | str] = []
+
+    def refused(err: openai.APIStatusError | httpx.HTTPStatusError) -> None:
+        body = err.response.json()
+        if err.response.status_code >= 500 or body["error"]["code"] not in RACE_REFUSALS:
+            failures.append(f"{err.response.status_code}: {body}")
+
+    async def one(c: openai.AsyncOpenAI, k: int) -> None:
+        scope, start, streamed, leave, extra = requests[k]
+        await asyncio.sleep(start)
+        tokens = [*bases[scope], *prompt(2000 * seed + k, extra)]
+
+        async def run() -> None:
+            if streamed:
+                await read_stream(await open_scoped_stream(c, model, scope, tokens, 24))
+            else:
+                await complete(c, model, tokens, 8, **scoped(scope))
+
+        task = asyncio.create_task(run())
+        if leave is not None:
+            await asyncio.sleep(leave)
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except openai.APIStatusError as err:
+            refused(err)
+        except Exception as err:  # every failure is reported below
+            failures.append(err)
+
+    async def control(h: httpx.AsyncClient, scope: str, start: float, action: str) -> None:
+        await asyncio.sleep(start)
+        try:
+            (await h.post(retire_server.scope_url(scope) + f"/{action}")).raise_for_status()
+        except httpx.HTTPStatusError as err:
+            refused(err)
+
+    async def load(c: openai.AsyncOpenAI) -> None:
+        for k in range(4):
+            await asyncio.sleep(0.15)
+            await complete(c, model, prompt(6000 + 10 * seed + k, 3000), 1)
+
+    async def run_all() -> None:
+        c = retire_server.openai(asynchronous=True)
+        clients = [asyncio.create_task(one(c, k)) for k in range(len(requests))]
+        busy = asyncio.create_task(load(c))
+        async with fresh_connections() as h:
+            await asyncio.gather(*(control(h, *op) for op in controls))
+            for scope in bases:  # whatever is paused now runs to its end
+                await h.post(retire_server.scope_url(scope) + "/resume")
+        ends = await asyncio.gather(busy, *clients, return_exceptions=True)
+        failures.extend(end for end in ends if isinstance(end, BaseException))
+        await c.close()
+
+    asyncio.run(run_all())
+    assert not failures, failures
+    for scope in bases:
+        if status(retire_server, scope).status_code == 200:
+            cancel(retire_server, scope)  # a cancelled scope answers 409 again: not checked
+
+
 def test_two_tenants_share_no_page(client: openai.OpenAI, retire_server: RetireServer) -> None:
     model = retire_server.model
     base = prompt(50, 130)
