@@ -633,18 +633,15 @@ def test_a_client_that_leaves_while_its_revision_opens_leaves_no_admission(
     assert cancel(retire_server, "left").status_code == 200
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_clients_that_leave_at_any_moment_leave_nothing_behind(
-    client: openai.OpenAI, retire_server: RetireServer, seed: int
-) -> None:
-    """Thirty clients on three scopes, each a version (a revision once its scope is live),
-    streamed or not, leaving at a random moment -- before the server answers, while the version
-    is opened behind an unscoped request's long prefill, after some chunks -- or reading to the
-    end. No request may fail on the server's side (a 5xx: the engine core stopped), every scope
-    is still served afterwards, and nothing is left once they are cancelled (the fixture's leak
-    check; the module's core log is validated at its end)."""
+def leave_at_random(server: RetireServer, seed: int, *, load_tokens: int = 3000) -> None:
+    """Thirty clients on three scopes of ``server``, each a version (a revision once its scope
+    is live), streamed or not, leaving at a random moment -- before the server answers, while
+    the version is opened behind an unscoped request's long prefill (``load_tokens``), after
+    some chunks -- or reading to the end. No request may fail on the server's side (a 5xx: the
+    engine core stopped), and every scope is still served afterwards; then every scope is
+    cancelled (the caller checks that nothing is left)."""
     rng = random.Random(seed)
-    model = retire_server.model
+    model = server.model
     bases = {f"chaos-{seed}-{i}": prompt(200 + 10 * seed + i, 100) for i in range(3)}
     plan = [
         (
@@ -683,10 +680,10 @@ def test_clients_that_leave_at_any_moment_leave_nothing_behind(
     async def load(c: openai.AsyncOpenAI) -> None:  # steps long enough to open behind
         for k in range(4):
             await asyncio.sleep(0.15)
-            await complete(c, model, prompt(5000 + 10 * seed + k, 3000), 1)
+            await complete(c, model, prompt(5000 + 10 * seed + k, load_tokens), 1)
 
     async def run_all() -> None:
-        c = retire_server.openai(asynchronous=True)
+        c = server.openai(asynchronous=True)
         ends = await asyncio.gather(
             load(c), *(one(c, k) for k in range(len(plan))), return_exceptions=True
         )
@@ -695,13 +692,24 @@ def test_clients_that_leave_at_any_moment_leave_nothing_behind(
 
     asyncio.run(run_all())
     assert not failures, failures
-    assert HTTP.get(f"{retire_server.base}/health").status_code == 200
-    for scope, base in bases.items():
-        if status(retire_server, scope).status_code == 404:  # every client of it left early
-            continue
-        last = complete(client, model, [*base, 1, 2, 3], 2, **scoped(scope))
-        assert stamp(last) is not None and last.choices[0].finish_reason == "length"
-        assert cancel(retire_server, scope).status_code == 200
+    assert HTTP.get(f"{server.base}/health").status_code == 200
+    with server.openai() as c:
+        for scope, base in bases.items():
+            if status(server, scope).status_code == 404:  # every client of it left early
+                continue
+            last = complete(c, model, [*base, 1, 2, 3], 2, **scoped(scope))
+            assert stamp(last) is not None and last.choices[0].finish_reason == "length"
+            assert cancel(server, scope).status_code == 200
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_clients_that_leave_at_any_moment_leave_nothing_behind(
+    client: openai.OpenAI, retire_server: RetireServer, seed: int
+) -> None:
+    """``leave_at_random``; the fixture checks that nothing is left, and the module's core log
+    is validated at its end. (With the abandoned admission's pins kept, the engine core
+    stopped in both seeds; with them given back, 5 and 2 admissions were abandoned.)"""
+    leave_at_random(retire_server, seed)
 
 
 #: The refusals a client racing pause, resume and cancel can meet: nothing else may fail.

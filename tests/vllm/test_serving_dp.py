@@ -6,7 +6,9 @@ every call on it, must reach the same engine: the API process routes a scope by 
 merged. One scope per engine is revised twice -- once after its first version finished, once while
 its stream is running: each revision inherits the certified prefix (which exists only on the
 scope's engine), ends the running version's stream ``superseded``, and equals a cold unscoped run;
-both engines' core logs validate against the spec when the server closes.
+clients that leave at random moments leave nothing on either engine (an abandoned admission is
+forgotten by the engine that admitted it); both engines' core logs validate against the spec
+when the server closes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tests.vllm.test_serving import (
     cancel,
     complete,
     expected_end,
+    leave_at_random,
     prompt,
     revise_mid_stream,
     status,
@@ -77,4 +80,12 @@ def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank:
     info = status(server, scope).json()
     assert info["dp_rank"] == rank and info["version"] == 3
     assert cancel(server, scope).status_code == 200
+    server.check_clean()
+
+
+def test_clients_that_leave_at_any_moment(server: RetireServer) -> None:
+    """Clients leaving at random moments (``test_serving.leave_at_random``) with two engines:
+    an abandoned admission is forgotten by the engine that admitted it; nothing is left on
+    either engine."""
+    leave_at_random(server, 6)
     server.check_clean()

@@ -6,8 +6,9 @@ by ``retire serve`` in its own processes on 127.0.0.1: a revision of a finished 
 a version still streaming each adopt the cut's pages of both groups (every block before the cut
 in the full-attention group, the last two in the sliding-window group), and their output equals
 a cold run of the same prompt on the same server (an unscoped request under no cache salt, with
-no cached token). Every scope is cancelled and the server must hold nothing afterwards; closing
-it validates its core log against the spec.
+no cached token). Clients that leave at random moments (``test_serving.leave_at_random``) break
+nothing. Every scope is cancelled and the server must hold nothing afterwards; closing it
+validates its core log against the spec.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ import pytest
 from retire_bench.servers import ENGINE_OPTIONS, RetireServer
 from retire_vllm.client import scoped, stamp
 from retire_vllm.default_model import ensure_default_model
-from tests.vllm.test_serving import cancel, complete, expected_end, prompt, status
+from tests.vllm.test_serving import (
+    cancel,
+    complete,
+    expected_end,
+    leave_at_random,
+    prompt,
+    status,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -111,3 +119,9 @@ def test_a_revision_of_a_streaming_version_adopts_both_groups(
     assert second.choices[0].text == _cold(client, model, revised, 12)
     stream.close()
     assert cancel(server, "hy-live").status_code == 200
+
+
+def test_clients_that_leave_at_any_moment(client: openai.OpenAI, server: RetireServer) -> None:
+    """Clients leaving at random moments (``test_serving.leave_at_random``) on a model whose
+    blocks a sliding window drops from the table: nothing left behind (the fixture)."""
+    leave_at_random(server, 5, load_tokens=2000)
