@@ -6,7 +6,8 @@ back). A streamed version is revised after a few of its tokens were read, while 
 is proposing, writing and verifying drafts for it: the old stream ends ``superseded``, the
 successor equals a cold (unscoped) run of its prompt and adopts exactly the common prefix's
 blocks, and the server's core log -- which must show draft writes, verifications and a writer
-closed over unverified drafts -- validates against the spec when the server closes.
+closed over unverified drafts -- validates against the spec when the server closes. Clients
+that leave at random moments (``test_serving.leave_at_random``) leave nothing behind.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.vllm.test_serving import (
     cancel,
     complete,
     expected_end,
+    leave_at_random,
     prompt,
     revise_mid_stream,
     status,
@@ -66,4 +68,10 @@ def test_a_revision_while_drafts_are_in_flight(server: RetireServer, read: int) 
     info = status(server, scope).json()
     assert info["adopted_blocks"] == identity.expected_adopted_blocks(pred, succ, BLOCK) == 3
     assert cancel(server, scope).status_code == 200
+    server.check_clean()
+
+
+def test_clients_that_leave_at_any_moment(server: RetireServer) -> None:
+    """Clients leaving at random moments while the engine drafts: nothing left behind."""
+    leave_at_random(server, 7)
     server.check_clean()
