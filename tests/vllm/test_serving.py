@@ -633,6 +633,103 @@ def test_a_client_that_leaves_while_its_revision_opens_leaves_no_admission(
     assert cancel(retire_server, "left").status_code == 200
 
 
+#: A client of ``client_that_may_leave``: its scope, when it starts (s), whether it streams,
+#: when it leaves (s after its start; None: it reads to the end), its tokens past the shared prefix.
+Client = tuple[str, float, bool, float | None, int]
+
+
+def random_clients(rng: random.Random, scopes: list[str], n: int, stays: float) -> list[Client]:
+    return [
+        (
+            rng.choice(scopes),
+            rng.uniform(0, 0.6),
+            rng.random() < 0.5,
+            None if rng.random() < stays else rng.uniform(0, 0.15),
+            rng.randrange(0, 40),
+        )
+        for _ in range(n)
+    ]
+
+
+async def client_that_may_leave(
+    c: openai.AsyncOpenAI, model: str, plan: Client, tokens: list[int]
+) -> None:
+    """One client of ``plan`` (its tokens: ``tokens``), streamed or not, that leaves at its
+    moment by closing its connection; raises what its request raised, but for its leaving."""
+    scope, start, streamed, leave, _ = plan
+    await asyncio.sleep(start)
+
+    async def run() -> None:
+        if streamed:
+            await read_stream(await open_scoped_stream(c, model, scope, tokens, 24))
+        else:
+            await complete(c, model, tokens, 8, **scoped(scope))
+
+    task = asyncio.create_task(run())
+    if leave is not None:
+        await asyncio.sleep(leave)
+        task.cancel()  # the client is gone: its connection closes
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def long_prefills(c: openai.AsyncOpenAI, model: str, seed: int, tokens: int) -> None:
+    """Unscoped requests whose prefill is the step in flight now and then (about 130 ms for 3,000
+    tokens here): versions are opened behind them."""
+    for k in range(4):
+        await asyncio.sleep(0.15)
+        await complete(c, model, prompt(5000 + 10 * seed + k, tokens), 1)
+
+
+@pytest.mark.parametrize("action", ["cancel", "revise"])
+def test_a_version_revoked_between_its_admission_and_its_request(
+    client: openai.OpenAI, retire_server: RetireServer, action: str
+) -> None:
+    """A revision's open call and, just behind it, a cancel (or a revision with another prefix)
+    wait in the engine core's input queue for another request's long prefill; the engine core
+    then admits the first revision -- its adopted blocks pinned for its request -- and takes the
+    cancel before that request arrives. The admission and its pins go first (``revoked``), so the
+    cancel frees the blocks (before: "the core freed block N while it is pinned", a 500), and
+    the request, when it comes, ends with the fence's reason having run nothing."""
+    model = retire_server.model
+
+    async def race(scope: str, base: list[int], load: list[int]) -> tuple[Any, Any]:
+        c = retire_server.openai(asynchronous=True)
+        busy = asyncio.create_task(complete(c, model, load, 1))  # new tokens: no prefix hit
+        await asyncio.sleep(0.01)
+        first = asyncio.create_task(complete(c, model, [*base, 5], 4, **scoped(scope)))
+        await asyncio.sleep(0.02)
+        if action == "cancel":
+            async with fresh_connections() as h:
+                second: Any = await h.post(retire_server.scope_url(scope) + "/cancel")
+        else:
+            second = await complete(c, model, prompt(91, 70), 4, **scoped(scope))
+        result = await first, second
+        await busy
+        await c.close()
+        return result
+
+    def revoked() -> int:
+        return int(retire_server.leaks()["counters"].get("revoked_admissions", 0))
+
+    before = revoked()
+    for attempt in range(ATTEMPTS):
+        scope, base = f"revoked-{action}-{attempt}", prompt(92 + attempt, 130)
+        complete(client, model, base, 4, **scoped(scope))  # four blocks to adopt
+        load = prompt(7000 + 10 * attempt + (action == "revise"), 3000)
+        first, second = asyncio.run(race(scope, base, load))
+        if action == "cancel":
+            assert second.status_code == 200, second.text
+        else:
+            assert stamp(second) == (scope, 2) and second.choices[0].finish_reason == "length"
+            assert cancel(retire_server, scope).status_code == 200
+        if revoked() > before:
+            expected = "cancelled" if action == "cancel" else "superseded"
+            assert first.choices[0].finish_reason == expected and first.choices[0].text == ""
+            break
+    assert revoked() > before, "no attempt took the cancel between admission and request"
+
+
 def leave_at_random(server: RetireServer, seed: int, *, load_tokens: int = 3000) -> None:
     """Thirty clients on three scopes of ``server``, each a version (a revision once its scope
     is live), streamed or not, leaving at a random moment -- before the server answers, while
@@ -640,57 +737,23 @@ def leave_at_random(server: RetireServer, seed: int, *, load_tokens: int = 3000)
     some chunks -- or reading to the end. No request may fail on the server's side (a 5xx: the
     engine core stopped), and every scope is still served afterwards; then every scope is
     cancelled (the caller checks that nothing is left)."""
-    rng = random.Random(seed)
     model = server.model
     bases = {f"chaos-{seed}-{i}": prompt(200 + 10 * seed + i, 100) for i in range(3)}
-    plan = [
-        (
-            rng.choice(sorted(bases)),
-            rng.uniform(0, 0.6),  # when the client starts
-            rng.random() < 0.5,  # streamed
-            None if rng.random() < 0.3 else rng.uniform(0, 0.15),  # when it leaves
-            rng.randrange(0, 40),  # tokens past the scope's shared prefix
-        )
-        for _ in range(30)
-    ]
-    failures: list[BaseException] = []
+    plan = random_clients(random.Random(seed), sorted(bases), 30, stays=0.3)
 
-    async def one(c: openai.AsyncOpenAI, k: int) -> None:
-        scope, start, streamed, leave, extra = plan[k]
-        await asyncio.sleep(start)
-        tokens = [*bases[scope], *prompt(1000 * seed + k, extra)]
-
-        async def run() -> None:
-            if streamed:
-                await read_stream(await open_scoped_stream(c, model, scope, tokens, 24))
-            else:
-                await complete(c, model, tokens, 8, **scoped(scope))
-
-        task = asyncio.create_task(run())
-        if leave is not None:
-            await asyncio.sleep(leave)
-            task.cancel()  # the client is gone: its connection closes
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        except Exception as err:  # every failure is reported below
-            failures.append(err)
-
-    async def load(c: openai.AsyncOpenAI) -> None:  # steps long enough to open behind
-        for k in range(4):
-            await asyncio.sleep(0.15)
-            await complete(c, model, prompt(5000 + 10 * seed + k, load_tokens), 1)
-
-    async def run_all() -> None:
+    async def run_all() -> list[Any]:
         c = server.openai(asynchronous=True)
+        clients = [
+            client_that_may_leave(c, model, p, [*bases[p[0]], *prompt(1000 * seed + k, p[4])])
+            for k, p in enumerate(plan)
+        ]
         ends = await asyncio.gather(
-            load(c), *(one(c, k) for k in range(len(plan))), return_exceptions=True
+            long_prefills(c, model, seed, load_tokens), *clients, return_exceptions=True
         )
-        failures.extend(end for end in ends if isinstance(end, BaseException))
         await c.close()
+        return [end for end in ends if isinstance(end, BaseException)]
 
-    asyncio.run(run_all())
+    failures = asyncio.run(run_all())
     assert not failures, failures
     assert HTTP.get(f"{server.base}/health").status_code == 200
     with server.openai() as c:
@@ -728,16 +791,7 @@ def test_pause_resume_and_cancel_race_revisions_and_clients_that_leave(
     rng = random.Random(seed)
     model = retire_server.model
     bases = {f"race-{seed}-{i}": prompt(300 + 10 * seed + i, 100) for i in range(2)}
-    requests = [
-        (
-            rng.choice(sorted(bases)),
-            rng.uniform(0, 0.6),
-            rng.random() < 0.5,
-            None if rng.random() < 0.5 else rng.uniform(0, 0.15),
-            rng.randrange(0, 40),
-        )
-        for _ in range(20)
-    ]
+    plan = random_clients(rng, sorted(bases), 20, stays=0.5)
     controls = [
         (rng.choice(sorted(bases)), rng.uniform(0, 0.6), rng.choice(["pause", "resume"]))
         for _ in range(12)
@@ -751,28 +805,11 @@ def test_pause_resume_and_cancel_race_revisions_and_clients_that_leave(
             failures.append(f"{err.response.status_code}: {body}")
 
     async def one(c: openai.AsyncOpenAI, k: int) -> None:
-        scope, start, streamed, leave, extra = requests[k]
-        await asyncio.sleep(start)
-        tokens = [*bases[scope], *prompt(2000 * seed + k, extra)]
-
-        async def run() -> None:
-            if streamed:
-                await read_stream(await open_scoped_stream(c, model, scope, tokens, 24))
-            else:
-                await complete(c, model, tokens, 8, **scoped(scope))
-
-        task = asyncio.create_task(run())
-        if leave is not None:
-            await asyncio.sleep(leave)
-            task.cancel()
+        tokens = [*bases[plan[k][0]], *prompt(2000 * seed + k, plan[k][4])]
         try:
-            await task
-        except asyncio.CancelledError:
-            pass
+            await client_that_may_leave(c, model, plan[k], tokens)
         except openai.APIStatusError as err:
             refused(err)
-        except Exception as err:  # every failure is reported below
-            failures.append(err)
 
     async def control(h: httpx.AsyncClient, scope: str, start: float, action: str) -> None:
         await asyncio.sleep(start)
@@ -781,15 +818,10 @@ def test_pause_resume_and_cancel_race_revisions_and_clients_that_leave(
         except httpx.HTTPStatusError as err:
             refused(err)
 
-    async def load(c: openai.AsyncOpenAI) -> None:
-        for k in range(4):
-            await asyncio.sleep(0.15)
-            await complete(c, model, prompt(6000 + 10 * seed + k, 3000), 1)
-
     async def run_all() -> None:
         c = retire_server.openai(asynchronous=True)
-        clients = [asyncio.create_task(one(c, k)) for k in range(len(requests))]
-        busy = asyncio.create_task(load(c))
+        clients = [asyncio.create_task(one(c, k)) for k in range(len(plan))]
+        busy = asyncio.create_task(long_prefills(c, model, seed, 3000))
         async with fresh_connections() as h:
             await asyncio.gather(*(control(h, *op) for op in controls))
             for scope in bases:  # whatever is paused now runs to its end

@@ -235,7 +235,10 @@ class EngineSide:
         rid = request.request_id
         admission = self.admissions.pop((scope, version), None)
         if admission is None:  # lost authority before its request arrived
-            self.finish_from_here(rid, request.client_index, wire.FINISH_SUPERSEDED)
+            record = self.core.state.scopes.get(scope)
+            cancelled = record is None or record.state is ScopeState.CANCELLED
+            reason = wire.FINISH_CANCELLED if cancelled else wire.FINISH_SUPERSEDED
+            self.finish_from_here(rid, request.client_index, reason)
             return
         participants = (rid, *(f"{rid}/rank{r}" for r in range(self.tp) if self.tp > 1))
         req = ManagedRequest(
@@ -260,16 +263,18 @@ class EngineSide:
         started: list[Event] = [ParticipantStarted(scope, version, p) for p in participants]
         self.commands.run(self.decide(started))
 
-    def forget_admission(self, scope: str, version: int) -> bool:
-        """The request of an admitted version will never arrive (its client left while the version
-        was opened): drop the admission and the handoff pins of the blocks it adopted, which that
-        request's own references would have replaced. False: no such admission."""
+    def forget_admission(self, scope: str, version: int, why: str) -> bool:
+        """Drop the admission of a version whose request has not arrived, and the handoff pins of
+        the blocks it adopted, which that request's own references would have replaced: its
+        client left while the version was opened (``why``: ``abandoned``), or the version lost
+        authority first (``revoked``: its request, if it comes, is finished with the fence's
+        reason). Counted as ``<why>_admissions``. False: no such admission."""
         admission = self.admissions.pop((scope, version), None)
         if admission is None:
             return False
         for block in sorted(observe.table_pages(admission.adopted, self.null_block)):
             self.ledger.release_handoff(block)
-        self.count("abandoned_admissions")
+        self.count(f"{why}_admissions")
         return True
 
     @_hook("schedule")

@@ -95,6 +95,7 @@ class ScopeCalls:
         self.side.opening[(scope, version)] = future
         fenced = self._fenced_versions(commands)
         self.side.first_fence_output = None
+        self._settle_admissions(scope)
         self.side.commands.run(commands)
         carried_out = time.time()
         self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
@@ -125,7 +126,8 @@ class ScopeCalls:
         """The API process will never add the request of this admitted version (its client left
         while the version was opened): forget the admission."""
         scope = check_name(payload.get("scope"), "scope")
-        return {"ok": True, "dropped": self.side.forget_admission(scope, int(payload["version"]))}
+        version = int(payload["version"])
+        return {"ok": True, "dropped": self.side.forget_admission(scope, version, "abandoned")}
 
     def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
@@ -147,6 +149,7 @@ class ScopeCalls:
         started = time.perf_counter()
         commands = self.side.decide([Cancel(scope)])
         fenced = self._fenced_versions(commands)
+        self._settle_admissions(scope)
         self.side.commands.run(commands)
         self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
         self._settle_openings(scope)
@@ -297,6 +300,17 @@ class ScopeCalls:
 
     def _fenced_versions(self, commands: Sequence[Command]) -> list[int]:
         return sorted({c.version for c in commands if isinstance(c, Fence)})
+
+    def _settle_admissions(self, scope: str) -> None:
+        """An admitted version whose request has not reached the engine core yet, revised or
+        cancelled since: its admission and handoff pins go before the revision's commands run
+        (they may free or give back the blocks it adopted, which the core no longer counts as
+        pinned once adopted)."""
+        record = self.side.core.state.scopes[scope]
+        cancelled = record.state is ScopeState.CANCELLED
+        for key in [k for k in self.side.admissions if k[0] == scope]:
+            if cancelled or key[1] != record.epoch:
+                self.side.forget_admission(*key, "revoked")
 
     def _settle_openings(self, scope: str) -> None:
         """An ``open`` still waiting for its Admit whose version was revised or cancelled before
