@@ -177,7 +177,7 @@ def test_retire_sends_one_request_at_a_time_and_skips_a_revision_replaced_while_
         await asyncio.gather(*tasks)
         assert [s["prompt"] for s in client.sent] == [[1], [1, 1], [1, 3]]  # v2 never sent
         assert arm.app.streams[("a", 2)].sent_at is None
-        assert arm.reader.current == {"t-a": 2}  # the server numbered the sent ones 0, 1, 2
+        assert arm.reader.current == {"t-a": (0, 2)}  # the server numbered the sent ones 0, 1, 2
         assert not arm.app.problems
 
     asyncio.run(run())

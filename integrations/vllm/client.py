@@ -2,9 +2,13 @@
 
 Chunks already on the wire when the server accepts a revision can still sit in a client's socket
 or in an application's reader queue. ``ScopeReader`` applies the publication rule where the
-application reads: every chunk of a scoped response carries ``"retire": {"scope", "version"}``
-and every scoped response the header ``x-retire-version``; once the reader has seen version ``v``
-of a scope accepted, a chunk of an older version of that scope is dropped. ``scoped`` builds the
+application reads: every chunk of a scoped response carries ``"retire": {"scope", "version",
+"incarnation"}`` and every scoped response the headers ``x-retire-version`` and
+``x-retire-incarnation``; once the reader has seen version ``v`` of a scope accepted, a chunk of an
+older version of that scope is dropped. The incarnation (when the scope id was opened) orders
+before the version: a scope forgotten by the server (``docs/serving.md``, expiry) or a restarted
+server opens the same id again at version 0, and a long-lived reader must not take that for an
+old version. ``scoped`` builds the
 ``extra_body`` that puts a request under a scope. ``each_chunk`` iterates a streamed response, and
 ``read_stream`` reads it to its end, without holding up the other requests of the same event loop
 (a revision sent beside the old stream). Nothing here talks to the server by itself.
@@ -16,7 +20,7 @@ import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, TypeVar
 
-from .serving.wire import HEADER_VERSION
+from .serving.wire import HEADER_INCARNATION, HEADER_VERSION
 
 _T = TypeVar("_T")
 
@@ -53,24 +57,33 @@ def stamp(obj: Any) -> tuple[str, int] | None:
     return str(mark["scope"]), int(mark["version"])
 
 
+def incarnation(obj: Any) -> int:
+    """When the scope of a stamped chunk or response was opened (0 where not stamped)."""
+    extra = getattr(obj, "model_extra", None) or {}
+    mark = extra.get("retire") if isinstance(extra, dict) else None
+    return int(mark.get("incarnation", 0)) if isinstance(mark, dict) else 0
+
+
 class ScopeReader:
-    """The newest accepted version of each scope, and the rule that drops older chunks."""
+    """The newest accepted (incarnation, version) of each scope, and the rule that drops the
+    chunks of older ones."""
 
     def __init__(self) -> None:
-        self.current: dict[str, int] = {}
+        self.current: dict[str, tuple[int, int]] = {}
         self.dropped = 0
 
-    def accepted(self, scope: str, version: int) -> None:
-        """A revision of ``scope`` was accepted as ``version`` (e.g. from ``x-retire-version``)."""
-        if version > self.current.get(scope, -1):
-            self.current[scope] = version
+    def accepted(self, scope: str, version: int, incarnation: int = 0) -> None:
+        """A revision of ``scope`` was accepted as ``version`` (e.g. from ``x-retire-version``)
+        of the scope opened at ``incarnation`` (``x-retire-incarnation``)."""
+        if (incarnation, version) > self.current.get(scope, (-1, -1)):
+            self.current[scope] = (incarnation, version)
 
     def accept_response(self, scope: str, response: Any) -> int:
         """Record the version of a scoped streaming response (openai ``Stream`` or httpx
         response): the server sends its headers only once the version is admitted."""
         raw = getattr(response, "response", response)
         version = int(raw.headers[HEADER_VERSION])
-        self.accepted(scope, version)
+        self.accepted(scope, version, int(raw.headers.get(HEADER_INCARNATION, 0)))
         return version
 
     def admit(self, chunk: Any) -> bool:
@@ -79,9 +92,9 @@ class ScopeReader:
         if mark is None:
             return True
         scope, version = mark
-        newest = self.current.get(scope, -1)
-        if version < newest:
+        key = (incarnation(chunk), version)
+        if key < self.current.get(scope, (-1, -1)):
             self.dropped += 1
             return False
-        self.current[scope] = version
+        self.current[scope] = key
         return True

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from retire_bench.servers import CLIENT_TIMEOUT_S, HTTP, RetireServer, StockServer
 from retire_bench.serving import _server_timing
 from retire_vllm import identity
-from retire_vllm.client import ScopeReader, read_stream, scoped, stamp
+from retire_vllm.client import ScopeReader, incarnation, read_stream, scoped, stamp
 from retire_vllm.serving import wire
 from retire_vllm.serving.records import API_PARTS, ENGINE_HOOKS
 
@@ -1056,6 +1056,7 @@ def test_a_version_ending_by_length_closes_its_last_block_with_the_steps_digest(
 def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) -> None:
     model = retire_server.model
     complete(client, model, prompt(70, 40), 2, **scoped("idle-a"))
+    late = complete(client, model, prompt(69, 40), 2, **scoped("idle-a"))  # version 1
     old = _paused(client, retire_server, prompt(71, 40), "busy")  # a paused request stays live
     expire = f"{retire_server.base}/v1/retire/expire"
     assert HTTP.post(expire, json={"idle_seconds": 3600}).json()["expired"] == []
@@ -1076,6 +1077,11 @@ def test_idle_scopes_expire(client: openai.OpenAI, retire_server: RetireServer) 
     assert status(retire_server, "idle-a").status_code == 404
     again = complete(client, model, prompt(72, 40), 2, **scoped("idle-a"))
     assert stamp(again) == ("idle-a", 0)
+    # A reader that outlived the first scope of that id takes the new one's version 0 as the
+    # newest, not as older than the first one's version 1 (the incarnation orders first).
+    assert incarnation(again) > incarnation(late) > 0
+    reader = ScopeReader()
+    assert reader.admit(late) and reader.admit(again) and not reader.admit(late)
     assert cancel(retire_server, "idle-a").status_code == 200
 
 

@@ -40,6 +40,7 @@ class RequestContext:
     tenant: str | None = None
     opened_scope: str | None = None
     version: int | None = None
+    incarnation: int | None = None  # when the scope id was opened (``ScopeInfo.incarnation``)
     fence: str | None = None  # the finish reason the stream ended with, when fenced
     error: wire.ScopeRequestError | None = None
     moments: dict[str, float] = attrs.field(factory=lambda: {"arrived": time.time()})
@@ -144,6 +145,7 @@ class RetireAsyncLLM(AsyncLLM):
         version = int(answer["version"])
         if ctx is not None:
             ctx.opened_scope, ctx.version = str(scope), version
+            ctx.incarnation = answer.get("incarnation")
             ctx.moments.update(sent=sent, **answer.get("timing", {}), answered=time.time())
         if "fence" in answer:  # revised or cancelled before it was admitted: it ran nothing
             if ctx is not None:

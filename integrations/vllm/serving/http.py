@@ -165,11 +165,14 @@ class _StampingSend:
                 return
             if ctx.version is not None:
                 mark = {"scope": ctx.opened_scope, "version": ctx.version}
+                if ctx.incarnation is not None:
+                    mark["incarnation"] = ctx.incarnation
                 self.stamp = b'{"retire":' + json.dumps(mark).encode() + b","
                 body = self._stamped(body)
                 headers = [
                     *start["headers"],
                     (wire.HEADER_VERSION.encode(), str(ctx.version).encode()),
+                    (wire.HEADER_INCARNATION.encode(), str(ctx.incarnation or 0).encode()),
                     (b"server-timing", wire.server_timing(ctx.moments).encode()),
                 ]
                 if not message.get("more_body", False):

@@ -55,6 +55,9 @@ class ScopeInfo:
 
     tenant: str
     last_active: float
+    # when this scope id was opened (wall-clock ns): a forgotten scope's id opens a new scope at
+    # version 0, and (incarnation, version) is what orders a scope's chunks for a client
+    incarnation: int = attrs.field(factory=time.time_ns)
     adopted_blocks: dict[int, int] = attrs.field(factory=dict)  # version -> blocks adopted
     context_blocks: dict[int, int] = attrs.field(factory=dict)  # version -> adoptable blocks
     # version -> the names of its blocks past its context, until its admission takes them

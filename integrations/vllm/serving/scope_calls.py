@@ -108,16 +108,16 @@ class ScopeCalls:
         timing = {"received": received, "decided": decided, "carried_out": carried_out}
         if self.side.first_fence_output is not None:  # the old stream's end is on its way
             timing["fenced"] = self.side.first_fence_output
+        incarnation = info.incarnation
         if future.done():
             answer = future.result()
-            answer["fenced"] = fenced
-            answer["timing"] = timing
+            answer.update(fenced=fenced, timing=timing, incarnation=incarnation)
             return answer
 
         def stamp(answered: Future[dict[str, Any]]) -> None:
             # runs before the reply is sent: vLLM adds its callback to the future it is handed
             if not answered.cancelled() and answered.exception() is None:
-                answered.result()["timing"] = timing
+                answered.result().update(timing=timing, incarnation=incarnation)
 
         future.add_done_callback(stamp)
         return future  # answered by the Admit (vLLM defers the utility reply)
@@ -274,6 +274,7 @@ class ScopeCalls:
             "scope": scope,
             "tenant": record.tenant,
             "version": version,
+            "incarnation": info.incarnation,
             "state": record.state.value,
             "admitted": record.admitted,
             "adopted_blocks": info.adopted_blocks.get(version, 0),
@@ -319,9 +320,10 @@ class ScopeCalls:
         if record is None:
             return
         cancelled = record.state is ScopeState.CANCELLED
+        incarnation = self.side.scopes[scope].incarnation
         for key in [k for k in self.side.opening if k[0] == scope]:
             if cancelled or key[1] != record.epoch:
                 reason = wire.FINISH_CANCELLED if cancelled else wire.FINISH_SUPERSEDED
                 self.side.opening.pop(key).set_result(
-                    {"ok": True, "version": key[1], "fence": reason}
+                    {"ok": True, "version": key[1], "fence": reason, "incarnation": incarnation}
                 )

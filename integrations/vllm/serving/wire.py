@@ -38,6 +38,7 @@ HEADER_TENANT = "x-retire-tenant"
 DEFAULT_TENANT = "default"
 #: Response header of a scoped request: the version it runs as (sent once it is admitted).
 HEADER_VERSION = "x-retire-version"
+HEADER_INCARNATION = "x-retire-incarnation"
 
 #: The ``EngineCore`` utility method the plugin installs, and its operations.
 UTILITY = "retire_call"
