@@ -941,8 +941,10 @@ def test_headers_put_a_request_under_a_scope(
         },
     )
     assert r.status_code == 200, r.text
-    assert r.json()["retire"] == {"scope": "hdr", "version": 0}
+    incarnation = int(r.headers["x-retire-incarnation"])
+    assert r.json()["retire"] == {"scope": "hdr", "version": 0, "incarnation": incarnation}
     assert r.headers["x-retire-version"] == "0"
+    assert status(retire_server, "hdr", "acme").json()["incarnation"] == incarnation > 0
     assert cancel(retire_server, "hdr", "acme").status_code == 200
 
 
