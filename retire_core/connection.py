@@ -23,7 +23,9 @@ import structlog
 
 from retire_core.commands import Command
 from retire_core.events import Event
+from retire_core.gates import revocation
 from retire_core.machine import dispatch, run_batch
+from retire_core.reasons import DropReason
 from retire_core.state import CoreState, ScopeRecord
 from retire_core.transitions import Transition
 from retire_core.txn import Txn
@@ -142,6 +144,11 @@ class Retire:
 
     def current_version(self, scope: str) -> int:
         return self._state.scopes[scope].epoch
+
+    def revocation(self, scope: str, version: int) -> DropReason | None:
+        """Why ``version`` of ``scope`` has lost its authority for good, or None while it is
+        the scope's current version (``gates.revocation``)."""
+        return revocation(self._state.scopes.get(scope), version)
 
     def pinned_pages(self) -> tuple[int, ...]:
         return tuple(sorted(p for p, r in self._state.pages.items() if r.pinned))

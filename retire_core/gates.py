@@ -6,8 +6,10 @@ is the scope's current version at this moment and the scope holds authority (act
 a cancelled scope and a finished version publish nothing more).
 ``write_gate`` is Rule 3 (retired-state isolation): a write lands only in a page owned by the
 writer's own version whose writer is still open. Both return a decision and, when they refuse,
-the reason that is logged with the drop or fence. Nothing else in the core decides these
-questions.
+the reason that is logged with the drop or fence. ``revocation`` is the part of Rule 1 that
+outlives a frame: whether a version has lost its authority for good, and why (an engine asks it
+to end a request of such a version with the right reason). Nothing else in the core decides
+these questions.
 """
 
 from __future__ import annotations
@@ -18,14 +20,26 @@ from retire_core.reasons import DropReason, FenceReason
 from retire_core.state import PageRecord, ScopeRecord, ScopeState
 
 
+def revocation(scope: ScopeRecord | None, version: Version) -> DropReason | None:
+    """Why ``version`` has lost its authority for good: ``SCOPE_CANCELLED`` (its scope was
+    cancelled; a scope the core no longer knows was cancelled before it was forgotten) or
+    ``RETIRED_VERSION`` (a later version superseded it). None while it is its scope's current
+    version, whatever the scope's state (a finished version was not revoked: its frames are
+    refused by ``publication_gate`` because it ended)."""
+    if scope is None or scope.state is ScopeState.CANCELLED:
+        return DropReason.SCOPE_CANCELLED
+    if version != scope.epoch:
+        return DropReason.RETIRED_VERSION
+    return None
+
+
 def publication_gate(
     scope: ScopeRecord, version: Version, kind: FrameKind
 ) -> tuple[bool, DropReason | None]:
     """Rule 1. ``(True, None)`` to publish, ``(False, reason)`` to drop."""
-    if scope.state is ScopeState.CANCELLED:
-        return False, DropReason.SCOPE_CANCELLED
-    if version != scope.epoch:
-        return False, DropReason.RETIRED_VERSION
+    revoked = revocation(scope, version)
+    if revoked is not None:
+        return False, revoked
     if scope.state is ScopeState.FINISHED:
         return False, DropReason.VERSION_FINISHED
     return True, None

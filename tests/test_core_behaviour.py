@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 import retire_core as rc
 from retire_checks.lockstep import Lockstep
+from retire_core.gates import publication_gate
 from retire_spec.actions import ActionInstance as A
 from retire_spec.invariants import QUIESCENCE
 from retire_spec.schema import NO_MATCH
@@ -307,3 +308,31 @@ def test_core_and_spec_are_sans_io(package: str) -> None:
 def test_sans_io_check_can_fail() -> None:
     source = "import time\nfrom vllm import LLM\nfrom . import gates\nimport attrs\n"
     assert forbidden_imports(source) == ["time", "vllm"]
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("unopened", {0: rc.DropReason.SCOPE_CANCELLED}),
+        ("active", {0: None}),
+        ("paused", {0: None}),
+        ("finished", {0: None}),
+        ("aligning", {0: rc.DropReason.RETIRED_VERSION, 1: None}),
+        ("cancelled", {0: rc.DropReason.SCOPE_CANCELLED}),
+    ],
+)
+def test_revocation_says_why_a_version_lost_its_authority(
+    path: str, expected: dict[int, rc.DropReason | None]
+) -> None:
+    """The engine ends a request of a version the core no longer lets run with the reason this
+    query gives (``superseded`` or ``cancelled``); it is the publication gate's own rule, so a
+    revoked version's frames are dropped for the same reason."""
+    r = rc.Retire()
+    r.restore(lockstep_at(path).core)
+    scope = UNI.scopes[0]
+    for version, reason in expected.items():
+        assert r.revocation(scope, version) is reason
+        record = r.state.scopes.get(scope)
+        if reason is not None and record is not None:
+            for kind in rc.FrameKind:
+                assert publication_gate(record, version, kind) == (False, reason)

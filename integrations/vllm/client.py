@@ -48,20 +48,23 @@ async def read_stream(stream: AsyncIterable[_T]) -> list[_T]:
     return [chunk async for chunk in each_chunk(stream)]
 
 
-def stamp(obj: Any) -> tuple[str, int] | None:
-    """The ``(scope, version)`` a chunk or response carries, or None for an unscoped one."""
+def _mark(obj: Any) -> dict[str, Any] | None:
+    """The ``"retire"`` mark of a chunk or response, or None for an unscoped one."""
     extra = getattr(obj, "model_extra", None) or {}
     mark = extra.get("retire") if isinstance(extra, dict) else None
-    if not isinstance(mark, dict):
-        return None
-    return str(mark["scope"]), int(mark["version"])
+    return mark if isinstance(mark, dict) else None
+
+
+def stamp(obj: Any) -> tuple[str, int] | None:
+    """The ``(scope, version)`` a chunk or response carries, or None for an unscoped one."""
+    mark = _mark(obj)
+    return None if mark is None else (str(mark["scope"]), int(mark["version"]))
 
 
 def incarnation(obj: Any) -> int:
     """When the scope of a stamped chunk or response was opened (0 where not stamped)."""
-    extra = getattr(obj, "model_extra", None) or {}
-    mark = extra.get("retire") if isinstance(extra, dict) else None
-    return int(mark.get("incarnation", 0)) if isinstance(mark, dict) else 0
+    mark = _mark(obj)
+    return 0 if mark is None else int(mark.get("incarnation", 0))
 
 
 class ScopeReader:

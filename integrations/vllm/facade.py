@@ -512,8 +512,7 @@ class RetireEngine:
         out = []
         for rid in self.live_request_ids():
             req = self.reqs[rid]
-            rec = self.retire.scope(req.scope)
-            if req.version != rec.epoch or rec.state is ScopeState.CANCELLED:
+            if self.retire.revocation(req.scope, req.version) is not None:
                 out.append(rid)
         return out
 

@@ -25,7 +25,6 @@ from retire_core import (
     Event,
     Fence,
     ReleaseToCache,
-    ScopeState,
 )
 
 from ..executor import CommandExecutor
@@ -61,8 +60,7 @@ class EngineCommands(CommandExecutor):
             self.side.engine_time.worker_seconds += time.perf_counter() - began
 
     def stop(self, req: ManagedRequest, cmd: Fence) -> None:
-        state = self.side.core.state.scopes[cmd.scope].state
-        reason = wire.FINISH_CANCELLED if state is ScopeState.CANCELLED else wire.FINISH_SUPERSEDED
+        reason = wire.finish_reason(self.side.core.revocation(cmd.scope, cmd.version))
         self.side.finish_from_here(req.rid, req.client_index, reason)
         if self.side.first_fence_output is None:
             self.side.first_fence_output = time.time()  # wall clock, for Server-Timing

@@ -235,9 +235,7 @@ class EngineSide:
         rid = request.request_id
         admission = self.admissions.pop((scope, version), None)
         if admission is None:  # lost authority before its request arrived
-            record = self.core.state.scopes.get(scope)
-            cancelled = record is None or record.state is ScopeState.CANCELLED
-            reason = wire.FINISH_CANCELLED if cancelled else wire.FINISH_SUPERSEDED
+            reason = wire.finish_reason(self.core.revocation(scope, version))
             self.finish_from_here(rid, request.client_index, reason)
             return
         participants = (rid, *(f"{rid}/rank{r}" for r in range(self.tp) if self.tp > 1))

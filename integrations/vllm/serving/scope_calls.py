@@ -34,6 +34,7 @@ from retire_core import (
     Unpause,
 )
 from retire_core.errors import ContractError, IllegalTransitionError, UnknownScopeError
+from retire_core.gates import revocation
 from retire_core.ids import check_name
 
 from .. import identity
@@ -205,7 +206,7 @@ class ScopeCalls:
             1
             for r in scopes.values()
             for p in r.participants.values()
-            if not p.closed and (p.version != r.epoch or r.state is ScopeState.CANCELLED)
+            if not p.closed and revocation(r, p.version) is not None
         )
         return {
             "ok": True,
@@ -307,23 +308,24 @@ class ScopeCalls:
         cancelled since: its admission and handoff pins go before the revision's commands run
         (they may free or give back the blocks it adopted, which the core no longer counts as
         pinned once adopted)."""
-        record = self.side.core.state.scopes[scope]
-        cancelled = record.state is ScopeState.CANCELLED
         for key in [k for k in self.side.admissions if k[0] == scope]:
-            if cancelled or key[1] != record.epoch:
+            if self.side.core.revocation(*key) is not None:
                 self.side.forget_admission(*key, "revoked")
 
     def _settle_openings(self, scope: str) -> None:
         """An ``open`` still waiting for its Admit whose version was revised or cancelled before
         admission is answered now: its stream ends with the fence's reason, having run nothing."""
-        record = self.side.core.state.scopes.get(scope)
-        if record is None:
+        if scope not in self.side.core.state.scopes:
             return
-        cancelled = record.state is ScopeState.CANCELLED
         incarnation = self.side.scopes[scope].incarnation
         for key in [k for k in self.side.opening if k[0] == scope]:
-            if cancelled or key[1] != record.epoch:
-                reason = wire.FINISH_CANCELLED if cancelled else wire.FINISH_SUPERSEDED
+            revoked = self.side.core.revocation(*key)
+            if revoked is not None:
                 self.side.opening.pop(key).set_result(
-                    {"ok": True, "version": key[1], "fence": reason, "incarnation": incarnation}
+                    {
+                        "ok": True,
+                        "version": key[1],
+                        "fence": wire.finish_reason(revoked),
+                        "incarnation": incarnation,
+                    }
                 )

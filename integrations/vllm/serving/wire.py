@@ -15,6 +15,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from retire_core.reasons import DropReason
+
 #: ``vllm_xargs`` keys a client sends (``extra_body={"vllm_xargs": {...}}``).
 XARG_SCOPE = "retire_scope"
 XARG_TENANT = "retire_tenant"
@@ -60,6 +62,13 @@ OPS = (
 STOP_MARK = "retire:"
 FINISH_SUPERSEDED = "superseded"
 FINISH_CANCELLED = "cancelled"
+
+
+def finish_reason(revoked: DropReason | None) -> str:
+    """The finish reason that ends a request of a version the core no longer lets run
+    (``Retire.revocation``): ``cancelled`` for a cancelled scope, ``superseded`` otherwise."""
+    return FINISH_CANCELLED if revoked is DropReason.SCOPE_CANCELLED else FINISH_SUPERSEDED
+
 
 #: HTTP status and OpenAI error ``code`` for each refusal (by the core error's class name).
 _STATUS: dict[str, tuple[int, str]] = {
