@@ -107,6 +107,8 @@ HELD = (
     "scheduler_requests",
     "admissions",
     "openings",
+    "pipelined",
+    "held_requests",
     "live_scopes",
 )
 

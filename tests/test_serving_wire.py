@@ -102,14 +102,20 @@ def test_the_serving_benchmark_reads_the_header_back() -> None:
     assert _server_timing("") == {}
 
 
-def test_a_request_runs_as_an_admitted_version_only_when_the_api_process_stamped_it() -> None:
+def test_a_request_runs_as_an_admitted_version_only_once_the_engine_side_stamped_it() -> None:
     import types
 
     def request(extra_args: dict[str, object] | None) -> object:
         return types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=extra_args))
 
-    stamped = {wire.XARG_SCOPE: "s", wire.XARG_VERSION: 3}
-    assert wire.admitted_version(request(stamped)) == ("s", 3)
-    assert wire.admitted_version(request({wire.XARG_SCOPE: "s"})) is None  # not admitted yet
+    following = request({wire.XARG_SCOPE: "s", wire.XARG_OPENING: "o1"})
+    assert wire.opening_of(following) == "o1"
+    assert wire.admitted_version(following) is None  # not admitted yet
+    wire.stamp_version(following, 3)
+    assert wire.admitted_version(following) == ("s", 3)
+    assert wire.opening_of(following) is None  # it follows no open any more
+    assert wire.admitted_version(request({wire.XARG_SCOPE: "s"})) is None
     assert wire.admitted_version(request(None)) is None
+    assert wire.opening_of(request(None)) is None
     assert wire.admitted_version(types.SimpleNamespace(sampling_params=None)) is None  # pooling
+    assert wire.opening_of(types.SimpleNamespace(sampling_params=None)) is None

@@ -167,6 +167,8 @@ HOOKS: Final[tuple[Hook, ...]] = (
         use="draft writes (observe.schedule_events)",
     ),
     Hook("vllm.v1.request", "Request.block_hashes", _I, use="(a) chained full-block hashes"),
+    Hook("vllm.v1.request", "Request.cache_salt", _I, use="serving: salt set at admission"),
+    Hook("vllm.v1.request", "Request.update_block_hashes", _C, (), "serving: hashes again"),
     Hook("vllm.v1.request", "Request.num_computed_tokens", _I, use="(a) writer boundary"),
     Hook("vllm.v1.request", "Request.status", _I, use="(a)"),
     Hook("vllm.v1.request", "Request.client_index", _I, use="(f) output routing"),

@@ -148,6 +148,14 @@ def request_block_hashes(engine: LLMEngine, request_id: str) -> list[bytes]:
     return list(scheduler(engine).requests[request_id].block_hashes)
 
 
+def set_cache_salt(request: Any, salt: str) -> None:
+    """Put a request that no scheduler holds yet under ``salt``: its block hashes chain from the
+    salt (vLLM folds ``cache_salt`` into the first block's hash), so they are computed again."""
+    request.cache_salt = salt
+    request.block_hashes.clear()
+    request.update_block_hashes()
+
+
 def cached_blocks_for_hashes(
     pool: BlockPool, hashes: Sequence[bytes], group: int = 0
 ) -> list[KVCacheBlock]:

@@ -3,9 +3,11 @@
 ``executor.CommandExecutor`` carries the commands out; this class completes it for vLLM's
 engine-core process: ``Fence`` finishes the requests in the scheduler and sends each a terminal
 output whose ``stop_reason`` names the fence (the API process ends the stream with it); ``Admit``
-answers the pending ``open`` with the cache salt the version must run under (its request reaches
-the scheduler later: ``EngineSide.on_add_request``, which hands it the names of its blocks past
-its context that ``open`` prepared, ``identity.OutputNames``); a byte check runs at once outside
+records the admission (the cache salt the version runs under, its adopted blocks) and answers
+the pending ``open``; the version's request, sent right behind the ``open``, gets the salt when it
+reaches the scheduler (``EngineSide.holds``; one that came before the ``Admit`` is let in now)
+and ``EngineSide.on_add_request`` hands it the names of its blocks past its context that
+``open`` prepared (``identity.OutputNames``); a byte check runs at once outside
 a step (no step is in flight during a utility call) and at the step boundary inside one; what the
 API answers with (per-scope facts, counters) is recorded on the ``EngineSide``. Nothing here
 decides protocol.
@@ -97,6 +99,7 @@ class EngineCommands(CommandExecutor):
                     "cold": cmd.cold,
                 }
             )
+        side.release_held(cmd.scope, cmd.version)  # its request came before the Admit
 
     # ---- what the engine side records ------------------------------------------------------------
 

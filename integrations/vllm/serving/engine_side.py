@@ -138,6 +138,10 @@ class EngineSide:
         self.by_participant: dict[str, str] = {}
         self.admissions: dict[tuple[str, int], Admission] = {}
         self.opening: dict[tuple[str, int], Future[dict[str, Any]]] = {}
+        # the version each ``open`` made, by the opening id its request carries, until the
+        # request arrives; and the requests that arrived before their version's ``Admit``
+        self.pipelined: dict[str, tuple[str, int]] = {}
+        self.held: dict[tuple[str, int], Any] = {}
         self.scopes: dict[str, ScopeInfo] = {}
         self._frame_ids = itertools.count()
         self._commands: EngineCommands | None = None  # the executor, once attached
@@ -223,6 +227,56 @@ class EngineSide:
             return wire.refusal(err)
 
     # ---- scheduler hooks ------------------------------------------------------------------------
+
+    @_hook("add_request")
+    def holds(self, request: Any) -> bool:
+        """A scoped request reaches the engine core right behind its ``open`` (the API process
+        sends both at once, on one ordered socket, so the request waits for the busy loop once,
+        not once more after the open's answer): stamp it with its version; if that version is
+        admitted, put it under the admission's cache salt and let the scheduler have it; if the
+        admission waits (ALIGN waiting for the old version's writers, a byte check at a step
+        boundary), keep it here until the ``Admit`` (``release_held``); if its open was
+        refused, end it at once. True: the scheduler must not add it now."""
+        opening = wire.opening_of(request)
+        if opening is None:
+            return False
+        key = self.pipelined.pop(opening, None)
+        if key is None:  # its open was refused (the API process answered with an error)
+            self.count("unopened_requests")
+            self.finish_from_here(request.request_id, request.client_index, wire.FINISH_CANCELLED)
+            return True
+        wire.stamp_version(request, key[1])
+        admission = self.admissions.get(key)
+        if admission is not None:
+            ix.set_cache_salt(request, admission.salt)
+            return False
+        if self.core.revocation(*key) is not None:
+            return False  # ``on_add_request`` ends it with the fence's reason
+        self.held[key] = request
+        return True
+
+    def release_held(self, scope: str, version: int) -> None:
+        """The ``Admit`` of a version whose request arrived first: the scheduler gets it now."""
+        request = self.held.pop((scope, version), None)
+        if request is not None:
+            ix.set_cache_salt(request, self.admissions[(scope, version)].salt)
+            self.scheduler.add_request(request)
+
+    def end_held(self, scope: str, version: int, reason: str) -> None:
+        """A held request whose version lost authority before its ``Admit``: it ran nothing."""
+        request = self.held.pop((scope, version), None)
+        if request is not None:
+            self.finish_from_here(request.request_id, request.client_index, reason)
+
+    def drop_held(self, request_ids: str | Iterable[str] | None) -> None:
+        """vLLM finished these requests (``None``: every request) from outside, as when their
+        clients left: any of them still held goes."""
+        if self.held:
+            ids = {request_ids} if isinstance(request_ids, str) else request_ids
+            ids = None if ids is None else set(ids)
+            for key in [k for k, r in self.held.items() if ids is None or r.request_id in ids]:
+                del self.held[key]
+                self.count("abandoned_held_requests")
 
     @_hook("add_request")
     def on_add_request(self, request: Any) -> None:
@@ -506,6 +560,8 @@ class EngineSide:
             ),
             "admissions": len(self.admissions),
             "openings": len(self.opening),
+            "pipelined": len(self.pipelined),
+            "held_requests": len(self.held),
             "pending_work": self.commands.pending_work()
             + len(self._completed)
             + len(self._fencing),

@@ -2,10 +2,13 @@
 
 A request that names a scope (``vllm_xargs`` ``retire_scope``/``retire_tenant``, or the
 ``X-Retire-Scope``/``X-Retire-Tenant`` headers through ``http``) is opened at the authority in the
-engine-core process first (one utility call: ``Submit`` for a new scope, ``Supersede`` for a live
-one). The reply comes once the version is admitted and names the cache salt its request must run
-under; only then is the request added, stamped with its version. Requests without a scope are
-served exactly as ``AsyncLLM`` serves them.
+engine-core process (one utility call: ``Submit`` for a new scope, ``Supersede`` for a live one),
+and the request itself follows at once on the same ordered socket, carrying the opening's id: the
+engine side stamps it with its version and cache salt when the version is admitted
+(``EngineSide.holds``), so the request waits for the engine core's busy loop once, as an unscoped
+one does. Nothing of it reaches the caller before the open's reply (which comes once the version
+is admitted); a refused open raises before any response, and vLLM aborts the request it added.
+Requests without a scope are served exactly as ``AsyncLLM`` serves them.
 
 This process decides nothing. It carries out the authority's fences on its streams: a fenced
 version's terminal output (sent by the engine side before the reply to the revision that fenced
@@ -18,8 +21,10 @@ from a stream's buffer after the revision was accepted is never handed to the ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import time
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -129,18 +134,42 @@ class RetireAsyncLLM(AsyncLLM):
                 yield out
             return
         tenant = args.get(wire.XARG_TENANT) or (ctx.tenant if ctx else None)
-        sent = time.time()
-        opening = asyncio.ensure_future(
-            self._open(str(scope), tenant or wire.DEFAULT_TENANT, prompt, args, sampling_params)
-        )
         try:
-            answer = await asyncio.shield(opening)
+            payload = _open_payload(
+                str(scope), tenant or wire.DEFAULT_TENANT, prompt, args, sampling_params
+            )
         except wire.ScopeRequestError as err:
             if ctx is not None:
                 ctx.error = err
             raise
-        except asyncio.CancelledError:  # the client left while its version was being opened
-            opening.add_done_callback(self._abandon)
+        rank = self._engine_of(payload)
+        sent = time.time()
+        opening = asyncio.ensure_future(self.retire("open", dp_rank=rank, **payload))
+        first: asyncio.Future[Any] | None = None
+        try:
+            # The open leaves first (its task runs up to its send before this one goes on); the
+            # request follows at once on the same ordered socket, so the engine core takes both
+            # in one pass of its busy loop, instead of the request waiting for the open's answer.
+            await asyncio.sleep(0)
+            params = sampling_params.clone()
+            params.extra_args = {
+                **args,
+                wire.XARG_SCOPE: str(scope),
+                wire.XARG_OPENING: payload["opening"],
+            }
+            if rank is not None:  # the scope's engine: where its authority opens the version
+                kwargs["data_parallel_rank"] = rank
+            outputs = super().generate(prompt, params, request_id, **kwargs)
+            first = asyncio.ensure_future(anext(outputs))
+            answer = await asyncio.shield(opening)
+        except BaseException as err:
+            if first is not None:
+                await _stop(first, outputs)  # vLLM aborts the request it added
+            if isinstance(err, wire.ScopeRequestError) and ctx is not None:
+                ctx.error = err
+            if isinstance(err, asyncio.CancelledError):  # the client left during the opening
+                self.retire_account.openings_left += 1
+            opening.add_done_callback(self._abandon)  # if it was opened, nothing will run it
             raise
         version = int(answer["version"])
         if ctx is not None:
@@ -148,29 +177,43 @@ class RetireAsyncLLM(AsyncLLM):
             ctx.incarnation = answer.get("incarnation")
             ctx.moments.update(sent=sent, **answer.get("timing", {}), answered=time.time())
         if "fence" in answer:  # revised or cancelled before it was admitted: it ran nothing
+            await _stop(first, outputs)
+            self._abandon(opening)  # its opening, should its request not have been sent
             if ctx is not None:
                 ctx.fence = str(answer["fence"])
             yield _terminal(request_id, prompt, str(answer["fence"]))
             return
-        if "dp_rank" in answer:  # the scope's engine: where its authority admitted it
-            kwargs["data_parallel_rank"] = int(answer["dp_rank"])
-        params = sampling_params.clone()
-        params.extra_args = {**args, wire.XARG_SCOPE: str(scope), wire.XARG_VERSION: version}
-        prompt = {**prompt, "cache_salt": answer["salt"]}
         streams = self.__dict__.setdefault("_retire_streams", {})
         key = (str(scope), version)
         stream = streams[key] = _Stream()
         account = self.retire_account
         try:
+            try:
+                out = await first
+            except BaseException:
+                self._abandon(opening)  # its request never ran as the version (a no-op if it did)
+                raise
             fence: str | None = None
-            async for out in super().generate(prompt, params, request_id, **kwargs):
+            while True:
                 began = time.perf_counter()
                 fence, publish = self._gate(out, fence or stream.fence, ctx)
                 account.spent("gate", began)
                 if publish:
                     yield out
+                try:
+                    out = await anext(outputs)
+                except StopAsyncIteration:
+                    break
         finally:
             streams.pop(key, None)
+            await _stop(first, outputs)
+
+    def _engine_of(self, payload: dict[str, Any]) -> int | None:
+        """With data parallelism, the engine of the scope's authority (``wire.affinity``)."""
+        engines = list(getattr(self.engine_core, "core_engines", ()))
+        if len(engines) <= 1:
+            return None
+        return wire.affinity(str(payload["tenant"]), str(payload["scope"]), len(engines))
 
     def _gate(
         self, out: Any, fence: str | None, ctx: RequestContext | None
@@ -198,48 +241,62 @@ class RetireAsyncLLM(AsyncLLM):
         return fence, True
 
     def _abandon(self, opening: asyncio.Future[dict[str, Any]]) -> None:
-        """An admitted version whose request will never be added: the authority forgets its
-        admission (the version stays current, with nothing running, as a finished one)."""
+        """A version opened for a request that will not run as it (its client left, or the
+        request failed before it ran): the authority forgets its admission, if its request has
+        not taken it (the version stays current, with nothing running, as a finished one), and
+        its opening, if the request was never sent."""
         if opening.cancelled() or opening.exception() is not None:
             return
         answer = opening.result()
-        if "fence" not in answer:
-            task = asyncio.ensure_future(
-                self.retire(
-                    "abandon",
-                    dp_rank=answer.get("dp_rank"),
-                    scope=answer["scope"],
-                    version=answer["version"],
-                )
+        task = asyncio.ensure_future(
+            self.retire(
+                "abandon",
+                dp_rank=answer.get("dp_rank"),
+                scope=answer["scope"],
+                version=answer["version"],
             )
-            self.__dict__.setdefault("_retire_tasks", set()).add(task)
-            task.add_done_callback(self.__dict__["_retire_tasks"].discard)
-
-    async def _open(
-        self, scope: str, tenant: str, prompt: Any, args: dict[str, Any], params: Any
-    ) -> dict[str, Any]:
-        for key in (wire.XARG_SCOPE, wire.XARG_TENANT):
-            if key in args and not isinstance(args[key], str):
-                raise wire.ScopeRequestError(
-                    "MalformedIdError", f"{key} must be a string, got {args[key]!r}"
-                )
-        if wire.XARG_VERSION in args:
-            raise wire.ScopeRequestError(
-                "MalformedIdError", f"{wire.XARG_VERSION} is set by the server, not by a client"
-            )
-        if not isinstance(prompt, dict) or "prompt_token_ids" not in prompt:
-            raise wire.ScopeRequestError(
-                "ContractError", "a scoped request needs a token prompt (text or token ids)"
-            )
-        if getattr(params, "n", 1) != 1:
-            raise wire.ScopeRequestError("ContractError", "a scoped request generates n=1")
-        return await self.retire(
-            "open",
-            scope=scope,
-            tenant=tenant,
-            prompt_token_ids=list(prompt["prompt_token_ids"]),
-            greedy=float(params.temperature) == 0.0,
         )
+        self.__dict__.setdefault("_retire_tasks", set()).add(task)
+        task.add_done_callback(self.__dict__["_retire_tasks"].discard)
+
+
+def _open_payload(
+    scope: str, tenant: str, prompt: Any, args: dict[str, Any], params: Any
+) -> dict[str, Any]:
+    """The ``open`` call's arguments for a scoped request, with the opening id its request will
+    carry; raises ``ScopeRequestError`` (nothing sent) for what the API process can refuse."""
+    for key in (wire.XARG_SCOPE, wire.XARG_TENANT):
+        if key in args and not isinstance(args[key], str):
+            raise wire.ScopeRequestError(
+                "MalformedIdError", f"{key} must be a string, got {args[key]!r}"
+            )
+    for key in (wire.XARG_VERSION, wire.XARG_OPENING):
+        if key in args:
+            raise wire.ScopeRequestError(
+                "MalformedIdError", f"{key} is set by the server, not by a client"
+            )
+    if not isinstance(prompt, dict) or "prompt_token_ids" not in prompt:
+        raise wire.ScopeRequestError(
+            "ContractError", "a scoped request needs a token prompt (text or token ids)"
+        )
+    if getattr(params, "n", 1) != 1:
+        raise wire.ScopeRequestError("ContractError", "a scoped request generates n=1")
+    return {
+        "scope": scope,
+        "tenant": tenant,
+        "prompt_token_ids": list(prompt["prompt_token_ids"]),
+        "greedy": float(params.temperature) == 0.0,
+        "opening": uuid.uuid4().hex,
+    }
+
+
+async def _stop(first: asyncio.Future[Any], outputs: AsyncGenerator[Any, None]) -> None:
+    """End a request's own generation (vLLM's ``generate``: it aborts the request it added)."""
+    if not first.done():
+        first.cancel()
+        with contextlib.suppress(BaseException):
+            await first
+    await outputs.aclose()
 
 
 def _terminal(request_id: str, prompt: Any, reason: str) -> Any:

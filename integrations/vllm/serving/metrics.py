@@ -129,6 +129,11 @@ class _Snapshot:
             "outputs of scoped versions that went through the publication check",
             value=self.api["outputs"],
         )
+        yield CounterMetricFamily(
+            "retire_api_openings_left",
+            "scoped requests whose client left while their version was being opened",
+            value=self.api["openings_left"],
+        )
         h = self.engine["cleanup_seconds"]
         buckets = [(str(b), c) for b, c in zip(h["bounds"], h["counts"], strict=True)]
         yield HistogramMetricFamily(

@@ -170,6 +170,7 @@ class ApiAccount:
     seconds: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(API_PARTS, 0.0))
     outputs: int = 0
     dropped_outputs: int = 0
+    openings_left: int = 0  # clients that left while their version was being opened
 
     def spent(self, part: str, since: float) -> None:
         self.seconds[part] += time.perf_counter() - since
@@ -179,4 +180,5 @@ class ApiAccount:
             "seconds": dict(self.seconds),
             "outputs": self.outputs,
             "dropped_outputs": self.dropped_outputs,
+            "openings_left": self.openings_left,
         }

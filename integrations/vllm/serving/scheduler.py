@@ -31,6 +31,8 @@ class RetireServingScheduler(RetireScheduler):
         self.retire_hooks = self.retire_side
 
     def add_request(self, request: Any) -> None:
+        if self.retire_side.holds(request):  # until its version's Admit, or ended
+            return
         super().add_request(request)
         self.retire_side.on_add_request(request)
 
@@ -54,7 +56,11 @@ class RetireServingScheduler(RetireScheduler):
         return outputs
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Any]:
+        if request_ids is not None and not isinstance(request_ids, str):
+            request_ids = list(request_ids)  # read twice
         finished: list[Any] = super().finish_requests(request_ids, finished_status)
+        if self.retire_side.held:
+            self.retire_side.drop_held(request_ids)
         if finished and self.retire_side.attached:
             self.retire_side.on_finished_outside(finished)
         return finished

@@ -60,6 +60,10 @@ class ScopeCalls:
         tenant = check_name(payload.get("tenant"), "tenant")
         tokens = tuple(int(t) for t in payload["prompt_token_ids"])
         contract = self._contract(payload)
+        # the request that follows the open carries this id (``EngineSide.holds``)
+        opening = payload.get("opening")
+        if opening is not None:
+            opening = check_name(opening, "opening")
         info = self.side.scopes.get(scope)
         record = self.side.core.state.scopes.get(scope)
         if record is not None and record.tenant != tenant:
@@ -89,6 +93,8 @@ class ScopeCalls:
         if info is None:
             info = self.side.scopes[scope] = ScopeInfo(tenant, time.monotonic())
         version = self.side.core.current_version(scope)
+        if opening is not None:
+            self.side.pipelined[opening] = (scope, version)
         info.last_active = time.monotonic()
         info.context_blocks[version] = len(context)
         info.names[version] = identity.OutputNames(chain)
@@ -128,7 +134,17 @@ class ScopeCalls:
         while the version was opened): forget the admission."""
         scope = check_name(payload.get("scope"), "scope")
         version = int(payload["version"])
+        self._forget_openings(scope, version)
         return {"ok": True, "dropped": self.side.forget_admission(scope, version, "abandoned")}
+
+    def _forget_openings(self, scope: str, version: int | None = None) -> None:
+        """The requests that were to follow the opens of ``scope`` (of its ``version`` only,
+        if given) will never come."""
+        pipelined = self.side.pipelined
+        for opening in [
+            o for o, (s, v) in pipelined.items() if s == scope and version in (None, v)
+        ]:
+            del pipelined[opening]
 
     def op_pause(self, payload: dict[str, Any]) -> dict[str, Any]:
         scope = self._own_scope(payload)
@@ -192,6 +208,7 @@ class ScopeCalls:
                     continue
                 self.side.commands.run(commands)
                 del self.side.scopes[scope]
+                self._forget_openings(scope)
                 forgotten.append(scope)
                 continue
             self._cancel(scope)
@@ -236,6 +253,8 @@ class ScopeCalls:
             "scheduler_requests": sorted(self.side.scheduler.requests),
             "admissions": [f"{s}@{v}" for s, v in self.side.admissions],
             "openings": [f"{s}@{v}" for s, v in self.side.opening],
+            "pipelined": [f"{s}@{v}" for s, v in self.side.pipelined.values()],
+            "held_requests": [f"{s}@{v}" for s, v in self.side.held],
             "live_scopes": sorted(
                 s for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
             ),
@@ -318,12 +337,17 @@ class ScopeCalls:
         if scope not in self.side.core.state.scopes:
             return
         incarnation = self.side.scopes[scope].incarnation
+        for key in [k for k in self.side.held if k[0] == scope]:
+            revoked = self.side.core.revocation(*key)
+            if revoked is not None:
+                self.side.end_held(*key, wire.finish_reason(revoked))
         for key in [k for k in self.side.opening if k[0] == scope]:
             revoked = self.side.core.revocation(*key)
             if revoked is not None:
                 self.side.opening.pop(key).set_result(
                     {
                         "ok": True,
+                        "scope": scope,
                         "version": key[1],
                         "fence": wire.finish_reason(revoked),
                         "incarnation": incarnation,

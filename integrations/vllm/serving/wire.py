@@ -20,18 +20,40 @@ from retire_core.reasons import DropReason
 #: ``vllm_xargs`` keys a client sends (``extra_body={"vllm_xargs": {...}}``).
 XARG_SCOPE = "retire_scope"
 XARG_TENANT = "retire_tenant"
-#: Set by the API process once the authority admitted the version (never by a client).
+#: Set by the API process on a scoped request: the ``open`` it follows (never by a client).
+XARG_OPENING = "retire_opening"
+#: Set by the engine side once the authority admitted the request's version, in place of
+#: ``XARG_OPENING`` (never by a client).
 XARG_VERSION = "retire_version"
 
 
+def _extra_args(request: Any) -> dict[str, Any] | None:
+    params = getattr(request, "sampling_params", None)  # None: a pooling request
+    return params.extra_args if params is not None else None
+
+
 def admitted_version(request: Any) -> tuple[str, int] | None:
-    """The (scope, version) a vLLM request runs as, if the API process stamped it with an
+    """The (scope, version) a vLLM request runs as, if the engine side stamped it with an
     admitted version (a scoped request); ``None`` for any other request."""
-    params = getattr(request, "sampling_params", None)
-    args = params.extra_args if params is not None else None
+    args = _extra_args(request)
     if not args or XARG_VERSION not in args:
         return None
     return str(args[XARG_SCOPE]), int(args[XARG_VERSION])
+
+
+def opening_of(request: Any) -> str | None:
+    """The ``open`` a scoped request follows, until the engine side stamps it
+    (``stamp_version``); ``None`` for any other request."""
+    args = _extra_args(request)
+    return None if not args else args.get(XARG_OPENING)
+
+
+def stamp_version(request: Any, version: int) -> None:
+    """The request runs as ``version`` of its scope: it follows no ``open`` any more."""
+    args = _extra_args(request)
+    assert args is not None, "only a scoped request is stamped"
+    args.pop(XARG_OPENING, None)
+    args[XARG_VERSION] = version
 
 
 #: Headers that do the same as the two ``vllm_xargs`` keys.
