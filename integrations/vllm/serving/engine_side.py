@@ -253,6 +253,7 @@ class EngineSide:
         if self.core.revocation(*key) is not None:
             return False  # ``on_add_request`` ends it with the fence's reason
         self.held[key] = request
+        self.count("requests_held")
         return True
 
     def release_held(self, scope: str, version: int) -> None:
