@@ -891,17 +891,25 @@ def complete_error(c: openai.OpenAI, model: str, body: dict[str, Any], **kw: Any
 
 
 @pytest.mark.parametrize(
-    "body, temperature, status_code, code",
+    "body, temperature, status_code, code, refused_by_engine",
     [
-        (scoped("bad scope!"), 0, 400, "invalid_scope_request"),
-        (scoped("x" * 200), 0, 400, "invalid_scope_request"),
-        (scoped("ok", "bad tenant!"), 0, 400, "invalid_scope_request"),
-        (scoped("sampled"), 0.7, 400, "contract_not_inheritable"),
+        (scoped("bad scope!"), 0, 400, "invalid_scope_request", True),
+        (scoped("x" * 200), 0, 400, "invalid_scope_request", True),
+        (scoped("ok", "bad tenant!"), 0, 400, "invalid_scope_request", True),
+        (scoped("sampled"), 0.7, 400, "contract_not_inheritable", True),
         (
             {"vllm_xargs": {"retire_scope": "v", "retire_version": 3}},
             0,
             400,
             "invalid_scope_request",
+            False,
+        ),
+        (
+            {"vllm_xargs": {"retire_scope": "v", "retire_opening": "forged"}},
+            0,
+            400,
+            "invalid_scope_request",
+            False,
         ),
     ],
 )
@@ -912,13 +920,26 @@ def test_bad_scope_requests_get_a_4xx_and_change_nothing(
     temperature: float,
     status_code: int,
     code: str,
+    refused_by_engine: bool,
 ) -> None:
-    before = retire_server.leaks()
+    """A bad scoped request gets its 4xx in OpenAI's format and changes nothing. One the API
+    process can refuse sends nothing; one the authority refuses had its request sent right
+    behind its open: the engine side ends that request unopened (it never runs, scoped or not),
+    and nothing is left (the fixture)."""
+
+    def unopened() -> int:
+        return int(retire_server.leaks()["counters"].get("unopened_requests", 0))
+
+    before, ended = retire_server.leaks(), unopened()
     err = complete_error(client, retire_server.model, body, temperature=temperature)
     assert (err.status_code, err.body["error"]["code"]) == (status_code, code)
     assert set(err.body["error"]) == {"message", "type", "code"}
     after = retire_server.leaks()
     assert after["live_scopes"] == before["live_scopes"] == []
+    deadline = time.monotonic() + 10  # the request reaches the engine core just after its open
+    while refused_by_engine and unopened() == ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert unopened() - ended == int(refused_by_engine)
 
 
 @pytest.mark.parametrize(
