@@ -15,8 +15,10 @@ the commands it got back. Observation -> event:
 
 * ``open`` (a scoped request arrives at the API process) -> ``Submit`` or ``Supersede``;
   ``pause``/``unpause``/``cancel`` -> the user events.
-* the admitted version's request reaches the scheduler (``on_add_request``) ->
-  ``ParticipantStarted`` for the request (and each TP rank).
+* a scoped request, sent right behind its ``open``, reaches the scheduler (``holds``: stamped
+  with its version, put under its admission's cache salt, held until the ``Admit`` if that has
+  not come) and, admitted, is added (``on_add_request``) -> ``ParticipantStarted`` for the
+  request (and each TP rank).
 * after ``Scheduler.schedule``: new block ids -> ``PageAllocated``; the blocks the step writes ->
   ``WriteAttempted`` (the write gate).
 * before the commit: one ``COMMIT`` frame per scheduled request (the commit gate).
@@ -241,7 +243,8 @@ class EngineSide:
         if opening is None:
             return False
         key = self.pipelined.pop(opening, None)
-        if key is None:  # its open was refused (the API process answered with an error)
+        if key is None:  # its open was refused (the API process answered with an error), or
+            # this engine never saw it: it never runs, scoped or not
             self.count("unopened_requests")
             self.finish_from_here(request.request_id, request.client_index, wire.FINISH_CANCELLED)
             return True

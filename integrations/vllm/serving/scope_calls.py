@@ -130,8 +130,9 @@ class ScopeCalls:
         return future  # answered by the Admit (vLLM defers the utility reply)
 
     def op_abandon(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The API process will never add the request of this admitted version (its client left
-        while the version was opened): forget the admission."""
+        """The API process's request for this version will not run as it (its client left while
+        the version was opened, or the request failed first): forget the admission if no request
+        took it, and the opening if the request was never sent."""
         scope = check_name(payload.get("scope"), "scope")
         version = int(payload["version"])
         self._forget_openings(scope, version)
