@@ -102,10 +102,8 @@ class RetireAsyncLLM(AsyncLLM):
             reply = await self.engine_core.call_utility_async(wire.UTILITY, op, payload)
             answer = wire.raise_if_refused(reply)
         elif "scope" in payload:
-            tenant = payload.get("tenant") or wire.DEFAULT_TENANT
-            rank = dp_rank
-            if rank is None:
-                rank = wire.affinity(str(tenant), str(payload["scope"]), len(engines))
+            rank = dp_rank if dp_rank is not None else self._engine_of(payload)
+            assert rank is not None
             reply = await self.engine_core._call_utility_async(
                 wire.UTILITY, op, payload, engine=engines[rank]
             )
@@ -209,11 +207,13 @@ class RetireAsyncLLM(AsyncLLM):
             await _stop(first, outputs)
 
     def _engine_of(self, payload: dict[str, Any]) -> int | None:
-        """With data parallelism, the engine of the scope's authority (``wire.affinity``)."""
+        """With data parallelism, the engine of the authority of ``payload``'s scope
+        (``wire.affinity``); None with one engine."""
         engines = list(getattr(self.engine_core, "core_engines", ()))
         if len(engines) <= 1:
             return None
-        return wire.affinity(str(payload["tenant"]), str(payload["scope"]), len(engines))
+        tenant = payload.get("tenant") or wire.DEFAULT_TENANT
+        return wire.affinity(str(tenant), str(payload["scope"]), len(engines))
 
     def _gate(
         self, out: Any, fence: str | None, ctx: RequestContext | None
