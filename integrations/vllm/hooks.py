@@ -58,6 +58,7 @@ _C, _F, _I, _M = Kind.CALLABLE, Kind.FIELD, Kind.INSTANCE_ATTR, Kind.MEMBER
 _ENGINE = "vllm.v1.engine.llm_engine"
 _CORE = "vllm.v1.engine.core"
 _SCHED = "vllm.v1.core.sched.scheduler"
+_QUEUE = "vllm.v1.core.sched.request_queue"
 _KVC = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 _SO = "vllm.v1.core.sched.output"
 _MU = "vllm.model_executor.models.utils"
@@ -156,6 +157,9 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(_SCHED, "Scheduler.requests", _I, use="(a) live requests by internal id"),
     Hook(_SCHED, "Scheduler.running", _I, use="(a)"),
     Hook(_SCHED, "Scheduler.waiting", _I, use="(a)"),
+    Hook(_SCHED, "Scheduler.kv_holding_waiting", _I, use="pause: withheld while waiting"),
+    Hook(_QUEUE, "RequestQueue.remove_requests", _C, ("requests",), "pause: withheld"),
+    Hook(_QUEUE, "RequestQueue.prepend_requests", _C, ("requests",), "pause: put back"),
     Hook(_SCHED, "Scheduler.kv_cache_manager", _I, use="(a)"),
     Hook("vllm.v1.core.sched.output", "SchedulerOutput.num_scheduled_tokens", _F, use="(f)"),
     # speculative decoding: the step's last positions hold these drafts; the commit

@@ -6,7 +6,9 @@ A facade attaches itself as ``retire_hooks`` and then gets:
 
 * ``withheld(scheduler) -> set[str]``: request ids that must not be scheduled in this step
   (paused scopes); they are taken out of ``running`` around ``Scheduler.schedule`` and put back
-  in their places afterwards (vLLM keeps an unscheduled request's cached state).
+  in their places afterwards (vLLM keeps an unscheduled request's cached state), and out of the
+  waiting queues (``waiting``, ``kv_holding_waiting``: a request of a paused version that has
+  not run yet, or was preempted), back at their fronts afterwards.
 * ``after_schedule(scheduler, scheduler_output)``: called once the step is scheduled and blocks
   are allocated, *before* the model executes: the facade reports allocations and the writes this
   step will make (the write gate), and it is the point where revisions that arrive while a step
@@ -47,16 +49,24 @@ class RetireScheduler(Scheduler):
             return super().schedule(throttle_prefills)
         held = hooks.withheld(self)
         parked: list[tuple[int, Any]] = []
+        waiting: list[tuple[Any, list[Any]]] = []
         if held:
             parked = [(i, r) for i, r in enumerate(self.running) if r.request_id in held]
             if parked:
                 self.running = [r for r in self.running if r.request_id not in held]
+            for queue in (self.waiting, self.kv_holding_waiting):
+                mine = [r for r in queue if r.request_id in held]
+                if mine:
+                    queue.remove_requests(mine)
+                    waiting.append((queue, mine))
         try:
             out = super().schedule(throttle_prefills)
         finally:
             for i, r in parked:  # back in place; preempted ones stay in waiting
                 if r.status == RequestStatus.RUNNING and r not in self.running:
                     self.running.insert(min(i, len(self.running)), r)
+            for queue, mine in waiting:  # back at the front, in their order
+                queue.prepend_requests(reversed(mine))
         hooks.after_schedule(self, out)
         return out
 

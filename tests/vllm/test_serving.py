@@ -557,6 +557,46 @@ def test_a_revision_that_arrives_while_a_step_is_in_flight(
 # --- the scope API --------------------------------------------------------------------------------
 
 
+def test_a_pause_withholds_a_version_whose_request_has_not_run_yet(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    """A pause taken while the version's request still waits for its first step (behind another
+    request's long prefill) withholds it from vLLM's waiting queue too: nothing of it is
+    scheduled and nothing reaches the client (not even the response's headers) until the
+    unpause; then it runs to its end. (Before, only running requests were withheld: the waiting
+    one was prefilled while paused and its first token published.)"""
+    model = retire_server.model
+
+    async def attempt(k: int, delay: float) -> bool:
+        c = retire_server.openai(asynchronous=True)
+        scope, url = f"withheld-{k}", retire_server.scope_url(f"withheld-{k}")
+        busy = asyncio.create_task(complete(c, model, prompt(8000 + k, 3000), 1))
+        await asyncio.sleep(0.01)
+        opened = asyncio.create_task(open_scoped_stream(c, model, scope, prompt(8100 + k, 64), 16))
+        await asyncio.sleep(delay)
+        async with fresh_connections() as h:
+            paused = await h.post(f"{url}/pause")
+            counts = paused.status_code == 200 and not paused.json()["pages"]
+            if counts:  # paused before its request's first step
+                await asyncio.sleep(0.5)
+                assert not opened.done(), "a paused version published"
+                assert not (await h.get(url)).json()["pages"], "a paused version was scheduled"
+            if paused.status_code == 200:
+                (await h.post(f"{url}/resume")).raise_for_status()
+        chunks = await read_stream(await opened)
+        assert chunks[-1].choices[0].finish_reason == "length"
+        await busy
+        await c.close()
+        assert cancel(retire_server, scope).status_code == 200
+        return counts
+
+    for k, delay in enumerate([0.05, 0.07, 0.04, 0.09, 0.06][:ATTEMPTS]):
+        if asyncio.run(attempt(k, delay)):
+            break
+    else:
+        raise AssertionError("no attempt paused the version before its request ran")
+
+
 def test_pause_resume_cancel_and_status(client: openai.OpenAI, retire_server: RetireServer) -> None:
     model, base = retire_server.model, retire_server.base
     complete(client, model, prompt(30, 70), 4, **scoped("api"))
