@@ -205,6 +205,9 @@ def test_the_next_turn_inherits_the_previous_turns_output(
 #: How many times a helper starts its long version again when it ran to its end first: a starved
 #: machine can stall this client for as long as the engine needs for all of its tokens.
 ATTEMPTS = 5
+#: When a test acts after sending a request that waits behind a long prefill (seconds): where the
+#: window falls moves with the machine's load, so each test tries several until one hits it.
+WINDOW_DELAYS = (0.05, 0.07, 0.04, 0.09, 0.06, 0.03, 0.11, 0.02, 0.13)
 
 
 def _long_stream(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str) -> Any:
@@ -590,7 +593,7 @@ def test_a_pause_withholds_a_version_whose_request_has_not_run_yet(
         assert cancel(retire_server, scope).status_code == 200
         return counts
 
-    for k, delay in enumerate([0.05, 0.07, 0.04, 0.09, 0.06][:ATTEMPTS]):
+    for k, delay in enumerate(WINDOW_DELAYS):
         if asyncio.run(attempt(k, delay)):
             break
     else:
@@ -675,7 +678,7 @@ def test_a_client_that_leaves_while_its_revision_opens_leaves_no_admission(
         await c.close()
 
     before = abandoned()
-    for attempt, delay in enumerate([0.05, 0.07, 0.04, 0.09, 0.06][:ATTEMPTS]):
+    for attempt, delay in enumerate(WINDOW_DELAYS):
         asyncio.run(leave_while_opening(attempt, delay))
         if abandoned() > before:
             break
