@@ -4,11 +4,9 @@ The driver is an asyncio client in this process (the real ``openai.AsyncOpenAI``
 ``arms.App``, the HTTP reader the replay benchmarks use), not ``locust``. What is measured is the
 time between two events on *different* streams of one scope: a revision is sent on a new
 connection and the old version's stream ends with its ``superseded`` terminal chunk on another.
-One event loop sees both with one clock and no hand-off between processes; locust runs each user
-as a gevent greenlet with its own request/response statistics and no notion of two responses that
-belong together, and would need a second timing layer beside its own. One asyncio process also
-keeps hundreds of concurrent streams cheap (the client shares the machine with the server), and
-its code is the code the serving benchmarks already run.
+One event loop sees both with one clock; locust (a gevent greenlet per user, with its own
+statistics and no notion of two responses that belong together) would need a second timing
+layer. One asyncio process also keeps hundreds of streams cheap, with the benchmarks' own code.
 
 What the clients do: first every scope (``--scopes``, each with its tenant and its own prompt)
 is opened with a one-token version, so that the load starts with all of them live (not timed).
