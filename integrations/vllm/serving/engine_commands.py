@@ -94,7 +94,6 @@ class EngineCommands(CommandExecutor):
                     "ok": True,
                     "scope": cmd.scope,
                     "version": cmd.version,
-                    "salt": salt,
                     "adopted_blocks": cmd.adopted_blocks,
                     "cold": cmd.cold,
                 }
