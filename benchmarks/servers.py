@@ -109,6 +109,7 @@ HELD = (
     "openings",
     "pipelined",
     "held_requests",
+    "early_openings",
     "live_scopes",
 )
 

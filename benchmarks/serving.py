@@ -23,16 +23,18 @@ old stream's terminal (``superseded``) chunk at the client, and to the revision'
 (accepted), split into the revision's ``Server-Timing`` phases (``retire_vllm.serving.wire``)
 and the rest of the close (HTTP in, the fence's terminal output back to the client);
 ``--step-digests off`` runs the Retire servers without the step digests' connector;
-``--revisions-only``
-runs just these trials on one server, once with each reader of the old stream: ``raw`` (SSE
-lines, a reader that keeps up) and ``openai`` (the client's chunks); ``--reader`` picks one for
-the full run. ``--apart`` puts the client on a CPU of its own and the servers on the others,
-as a client on another machine (sharing two cores, the client itself is starved for seconds at
-times, against stock vLLM's server as against ``retire serve``). ``--model-size small`` runs both
-servers on a larger locally built model, whose heavier step shows how Retire's per-step cost
-compares with a model step longer than the tiny model's few milliseconds. The client reads every
-stream through ``retire_vllm.client.each_chunk``, so a long old stream does not hold up the
-revision sent beside it.
+``--revisions-only`` runs just these trials, once with each reader of the old stream: ``raw``
+(SSE lines, a reader that keeps up) and ``openai`` (the client's chunks), on two servers side by
+side: one deciding a revision as it reaches the engine core's ``open`` socket (``early_opens``,
+the default) and one with ``--retire-open-socket off`` (between steps, by the utility call
+alone); ``--reader`` picks one for the full run. ``--apart`` puts the client on a CPU of its own
+and the servers on the others, as a client on another machine (sharing two cores, the client
+itself is starved for seconds at times, against stock vLLM's server as against ``retire
+serve``). ``--model-size small`` runs both servers on a larger locally built model, whose
+heavier step shows how Retire's per-step cost compares with a model step longer than the tiny
+model's few milliseconds. The client reads every stream through
+``retire_vllm.client.each_chunk``, so a long old stream does not hold up the revision sent
+beside it.
 
 ``python -m retire_bench.serving [--clients 4] [--requests 12] [--rounds 3] [--trials 30]
 [--revisions-only] [--reader openai|raw] [--apart] [--model-size tiny|small]
@@ -237,7 +239,8 @@ def _minus(after: dict[str, float], before: dict[str, float]) -> dict[str, float
 def engine_share(rounds: list[dict[str, Any]]) -> dict[str, float]:
     """Retire's part of the engine core's steps over ``rounds`` (their ``engine_time``): the
     in-step hooks (schedule, commit) per step and as a share of the steps' wall time, the hooks
-    between steps (utility calls, added requests, requests finished from outside) per step, the
+    between steps (utility calls, added requests, requests finished from outside; and the opens
+    the ``open`` thread decided, during a forward pass or between steps) per step, the
     hooks' wait for the workers' digests per step, the workers' digests within the steps per
     step and as a share; and the API process's per-output code per output, per step and as a
     share of the steps' wall time (what it adds to a step where the two processes share a CPU).
@@ -251,7 +254,7 @@ def engine_share(rounds: list[dict[str, Any]]) -> dict[str, float]:
     if not steps:
         raise ValueError("no engine step was measured")
     in_step = total["schedule"] + total["commit"]
-    between = total["utility"] + total["add_request"] + total["finished_outside"]
+    between = sum(total[hook] for hook in ENGINE_HOOKS) - in_step
     api = sum(total[f"api_{part}"] for part in API_PARTS)
     nan = float("nan")
     return {
@@ -469,7 +472,12 @@ def client_cpus(placement: dict[str, list[int]] | None) -> None:
 
 
 def retire_server(
-    tmp: Path, model_size: str, *, log: bool = True, step_digests: str = "on"
+    tmp: Path,
+    model_size: str,
+    *,
+    log: bool = True,
+    step_digests: str = "on",
+    open_socket: str = "on",
 ) -> RetireServer:
     """``retire serve`` with a locally built model (``tiny``: the embedded default) and the same
     engine options stock vLLM's server gets for it (``model_options``): left to its defaults,
@@ -480,21 +488,33 @@ def retire_server(
     model = str(ensure_default_model(size=model_size))
     return RetireServer(
         tmp,
-        ["--retire-step-digests", step_digests],
+        ["--retire-step-digests", step_digests, "--retire-open-socket", open_socket],
         options=[model, *model_options(model, 1024)],
         log=log,
     )
 
 
 def run_revisions(args: Any) -> dict[str, Any]:
-    """Only the revision trials, on one ``retire serve`` without the core log, once with each
+    """Only the revision trials, on two ``retire serve`` without the core log, one deciding a
+    revision as it arrives on the engine core's ``open`` socket (the default) and one with
+    ``--retire-open-socket off`` (decided between steps, by the utility call), once with each
     reader of the old stream (alternating trial blocks would mix their backlogs: one after the
-    other): where a revision's time goes (its Server-Timing phases), per trial."""
+    other): where a revision's time goes (its Server-Timing phases), per trial, and the two
+    servers' close side by side."""
     placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
-    quiet = retire_server(
-        tmp / "retire-nolog", args.model_size, log=False, step_digests=args.step_digests
-    )
+    servers = {
+        "": retire_server(
+            tmp / "retire-nolog", args.model_size, log=False, step_digests=args.step_digests
+        ),
+        "_between_steps": retire_server(
+            tmp / "retire-between-steps",
+            args.model_size,
+            log=False,
+            step_digests=args.step_digests,
+            open_socket="off",
+        ),
+    }
     client_cpus(placement)
     report: dict[str, Any] = {
         "command": _command(args),
@@ -502,12 +522,20 @@ def run_revisions(args: Any) -> dict[str, Any]:
     }
     try:
         for reader in ("raw", "openai"):
-            revision = asyncio.run(_revision_latency(quiet, args.trials, reader))
-            report[f"revision_{reader}_reader_ms"] = _revision_summary(revision)
-            report[f"revision_{reader}_reader_trials_ms"] = _per_trial(revision)
-        quiet.check_clean()
+            for suffix, server in servers.items():
+                revision = asyncio.run(_revision_latency(server, args.trials, reader))
+                report[f"revision_{reader}_reader{suffix}_ms"] = _revision_summary(revision)
+                report[f"revision_{reader}_reader{suffix}_trials_ms"] = _per_trial(revision)
+            on = report[f"revision_{reader}_reader_ms"]["old_stream_closed"]
+            off = report[f"revision_{reader}_reader_between_steps_ms"]["old_stream_closed"]
+            report[f"close_{reader}_reader_ratio_open_socket_over_between_steps"] = {
+                q: on[q] / off[q] for q in ("p50", "p99") if off[q]
+            }
+        for server in servers.values():
+            server.check_clean()
     finally:
-        quiet.close()
+        for server in servers.values():
+            server.close()
     return report
 
 
@@ -583,12 +611,24 @@ def _print_revisions(report: dict[str, Any]) -> None:
         ("retire", "revision_ms"),
         ("retire_nolog", "revision_nolog_ms"),
         ("retire_nolog, raw reader", "revision_raw_reader_ms"),
+        ("retire_nolog, raw reader, between steps", "revision_raw_reader_between_steps_ms"),
         ("retire_nolog, openai reader", "revision_openai_reader_ms"),
+        ("retire_nolog, openai reader, between steps", "revision_openai_reader_between_steps_ms"),
     ):
         for key, v in report.get(summary, {}).items():
             print(
                 f"revision ({server}), {key}: p50 {v['p50']:.2f} ms, p99 {v['p99']:.2f} ms "
                 f"({v['n']} trials)"
+            )
+
+
+def _print_close_ratios(report: dict[str, Any]) -> None:
+    for reader in ("raw", "openai"):
+        ratio = report.get(f"close_{reader}_reader_ratio_open_socket_over_between_steps")
+        if ratio:
+            print(
+                f"old stream closed, {reader} reader, open socket / between steps: "
+                + ", ".join(f"{q} {v:.2f}x" for q, v in ratio.items())
             )
 
 
@@ -601,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--revisions-only",
         action="store_true",
-        help="only the revision trials (one retire serve, no core log), with their phases",
+        help="only the revision trials (retire serve without the core log, with and without its "
+        "open socket), with their phases",
     )
     p.add_argument(
         "--reader",
@@ -639,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.revisions_only:
         report = run_revisions(args)
         _print_revisions(report)
+        _print_close_ratios(report)
         if args.json is not None:
             args.json.write_text(json.dumps(report, indent=2))
         return 0

@@ -7,6 +7,7 @@ outermost hook returns; and the serving benchmark turns the counts into per-step
 from __future__ import annotations
 
 import io
+import threading
 from enum import Enum
 
 import pytest
@@ -34,6 +35,13 @@ class _Side:
         self.written = _File()
         self.log = JsonLinesBuffer(self.written)
         self.running = 1  # requests the engine still runs
+        self.lock = threading.RLock()
+        self.early_tails: list[str] = []  # opens the ``open`` thread decided
+        self.carried: list[tuple[str, bool, bool]] = []  # (tail, step scheduled, hook running)
+
+    def carry_out_early(self, step_scheduled: bool) -> None:
+        tails, self.early_tails = self.early_tails, []
+        self.carried += [(t, step_scheduled, bool(self.ran)) for t in tails]
 
     def idle(self) -> bool:
         return not self.running
@@ -104,6 +112,58 @@ def test_log_lines_are_made_durable_when_the_engine_goes_idle() -> None:
     assert side.written.durable == 2
 
 
+class _Steps(_Side):
+    @_hook("schedule", step_scheduled=True)
+    def after_schedule(self) -> None:
+        self.ran.append("after_schedule")
+
+    @_hook("schedule", boundary=False)
+    def allocating(self) -> None:
+        self.ran.append("allocating")
+
+
+def test_opens_decided_off_the_loop_are_carried_out_first_at_the_next_boundary_hook() -> None:
+    side = _Steps()
+    side.early_tails = ["a", "b"]
+    side.allocating()  # vLLM is allocating the step's blocks: not a boundary
+    assert side.carried == [] and side.early_tails == ["a", "b"]
+    side.after_schedule()  # the step is scheduled: its fences wait for its commit
+    assert side.carried == [("a", True, True), ("b", True, True)]  # before the hook's own work
+    side.early_tails = ["c"]
+    side.ran.clear()
+    side.outer()  # carried out once, by the outermost hook, before it runs
+    assert side.carried[-1] == ("c", False, False) and side.early_tails == []
+    assert side.ran == ["outer", "inner"]
+
+
+def test_a_hook_holds_the_lock_that_the_open_thread_decides_under() -> None:
+    side = _Side()
+    inside, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    @_hook("commit")
+    def long_hook(s: _Side) -> None:
+        inside.set()
+        release.wait(5)
+        order.append("hook done")
+
+    def open_thread() -> None:
+        inside.wait(5)
+        with side.lock:
+            order.append("decided")
+
+    hook = threading.Thread(target=long_hook, args=(side,))
+    other = threading.Thread(target=open_thread)
+    hook.start()
+    other.start()
+    inside.wait(5)
+    other.join(0.2)  # it cannot decide while the hook runs
+    release.set()
+    hook.join(5)
+    other.join(5)
+    assert order == ["hook done", "decided"]
+
+
 class _Stage(Enum):
     FENCE = "fence"
 
@@ -159,6 +219,7 @@ def test_the_benchmark_reads_per_step_figures() -> None:
         "schedule": 0.010,
         "commit": 0.030,
         "finished_outside": 0.0,
+        "open_early": 0.001,
         "step_seconds": 2.0,
         "steps": 200.0,
         "worker_seconds": 0.008,
@@ -173,7 +234,7 @@ def test_the_benchmark_reads_per_step_figures() -> None:
     assert share["step_ms"] == pytest.approx(10.0)
     assert share["in_step_us_per_step"] == pytest.approx(200.0)
     assert share["in_step_share"] == pytest.approx(0.02)
-    assert share["between_steps_us_per_step"] == pytest.approx(10.0)
+    assert share["between_steps_us_per_step"] == pytest.approx(15.0)
     assert share["commit_us_per_step"] == pytest.approx(150.0)
     assert share["worker_wait_us_per_step"] == pytest.approx(40.0)
     assert share["api_us_per_output"] == pytest.approx(5.0)

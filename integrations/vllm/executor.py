@@ -175,7 +175,13 @@ class CommandExecutor:
         self.on_fence(cmd, deferred=False)
         by_request: dict[str, list[str]] = {}
         for participant in cmd.participants:
-            by_request.setdefault(self.by_participant[participant], []).append(participant)
+            # Gone: it closed after the core fenced it and before this fence was carried out
+            # (a fence that waited for the step boundary, while vLLM's abort of a client that
+            # left closed it; or fenced again by a later revision decided before the first
+            # fence's commands ran, ``EngineSide.open_early``): its receipts are in.
+            rid = self.by_participant.get(participant)
+            if rid is not None:
+                by_request.setdefault(rid, []).append(participant)
         for rid, participants in by_request.items():
             req = self.reqs[rid]
             self.on_fenced(req)

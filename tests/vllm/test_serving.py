@@ -462,6 +462,49 @@ def test_the_old_stream_ends_at_once_with_superseded(
     assert cancel(retire_server, "ends").status_code == 200
 
 
+def test_a_revision_is_decided_while_the_old_versions_step_runs(
+    client: openai.OpenAI, retire_server: RetireServer
+) -> None:
+    """Every ``open`` also reaches the engine core's ``open`` socket (``early_opens``), whose
+    thread decides it while a step runs and ends the old stream at once; its utility call then
+    answers with that decision. Revisions of running streams until one is decided during a
+    step (a decode step runs most of the time; the first try nearly always does): each old
+    stream ends ``superseded`` with nothing of the old version after it, and every ``open``
+    is decided exactly once whichever of its two copies came first. (The server of
+    ``test_serving_connectors`` runs with the socket off: none of these counters moves there.)"""
+    before = retire_server.leaks()["counters"]
+
+    async def revise(trial: int) -> tuple[Any, Any]:
+        scope = f"early{trial}"
+        _, last, revised = await revise_mid_stream(
+            retire_server, scope, prompt(40 + trial, 64), prompt(80 + trial, 64), read=3
+        )
+        return last, revised
+
+    trials = 0
+    while trials < 2 * len(WINDOW_DELAYS):
+        last, revised = asyncio.run(revise(trials))
+        trials += 1
+        assert stamp(last) == (f"early{trials - 1}", 0)
+        assert last.choices[0].finish_reason == "superseded" and last.choices[0].text == ""
+        assert stamp(revised) == (f"early{trials - 1}", 1)
+        counters = retire_server.leaks()["counters"]
+        if counters.get("fences_during_step", 0) > before.get("fences_during_step", 0):
+            break
+    after = retire_server.leaks()["counters"]
+
+    def moved(name: str) -> int:
+        return int(after.get(name, 0) - before.get(name, 0))
+
+    assert moved("fences_during_step") >= 1, after
+    opens = 2 * trials  # each scope's first version and its revision
+    assert moved("early_opens") + moved("early_opens_late") == opens, after
+    assert moved("supersedes") == trials and moved("submits") == trials, after
+    assert moved("fences_during_step") + moved("fences_between_steps") <= moved("fences")
+    for trial in range(trials):
+        assert cancel(retire_server, f"early{trial}").status_code == 200
+
+
 # --- races ----------------------------------------------------------------------------------------
 
 

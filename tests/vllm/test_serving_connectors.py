@@ -7,8 +7,10 @@ step-digest connector then runs beside it in vLLM's ``MultiConnector``
 workers still digest the blocks a step fills within that step (no round trip after it), and a
 revision adopts the certified prefix with output equal to a cold run. A scoped request finds no
 KV of the user's connector (Retire's ``MultiConnector`` does not ask it), a request without a
-scope still does. Every scope is cancelled and the server must hold nothing afterwards; closing
-it validates its core log against the spec.
+scope still does. This server also runs without Retire's ``open`` socket
+(``--retire-open-socket off``): its revisions are decided between steps, by their utility calls
+alone. Every scope is cancelled and the server must hold nothing afterwards; closing it
+validates its core log against the spec.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, store: Path) -> Iterator[Re
     }
     srv = RetireServer(
         tmp_path_factory.mktemp("retire-serve-connector"),
-        ["--kv-transfer-config", json.dumps(theirs)],
+        # and without the open socket: every open decided between steps, by its utility call
+        ["--kv-transfer-config", json.dumps(theirs), "--retire-open-socket", "off"],
     )
     try:
         yield srv
@@ -73,6 +76,9 @@ def test_a_revision_beside_the_users_connector(server: RetireServer, store: Path
     cold = complete(c, model, revised, 8)  # unscoped: no cache salt, nothing cached
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     assert second.choices[0].text == cold.choices[0].text
+    counters = server.leaks()["counters"]
+    assert counters["supersedes"] >= 1
+    assert not {"early_opens", "early_opens_late", "fences_during_step"} & set(counters)
     assert cancel(server, "conn").status_code == 200
     c.close()
     server.check_clean()

@@ -41,7 +41,10 @@ def _clean_leaks() -> dict[str, Any]:
     return {
         **{key: [] for key in ("ledger_blocks", "ledger_pins", "ledger_cached", "core_pages")},
         **{key: [] for key in ("core_pinned", "managed_requests", "scheduler_requests")},
-        **{key: [] for key in ("admissions", "openings", "pipelined", "held_requests")},
+        **{
+            key: []
+            for key in ("admissions", "openings", "pipelined", "held_requests", "early_openings")
+        },
         "live_scopes": [],
         "free_blocks": 191,
         "initial_free_blocks": 191,

@@ -63,9 +63,11 @@ class EngineCommands(CommandExecutor):
 
     def stop(self, req: ManagedRequest, cmd: Fence) -> None:
         reason = wire.finish_reason(self.side.core.revocation(cmd.scope, cmd.version))
-        self.side.finish_from_here(req.rid, req.client_index, reason)
-        if self.side.first_fence_output is None:
+        # an open decided while a step ran sent the terminal output already (``open_early``)
+        self.side.finish_from_here(req.rid, req.client_index, reason, announce=not req.announced)
+        if self.side.first_fence_output is None and not req.announced:
             self.side.first_fence_output = time.time()  # wall clock, for Server-Timing
+        req.announced = True
 
     def cold_salt(self, scope: str) -> str:
         info = self.side.scopes.get(scope)

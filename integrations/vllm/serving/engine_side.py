@@ -1,10 +1,13 @@
 """``EngineSide``: the version authority inside vLLM's engine-core process.
 
 One ``retire_core.Retire`` per engine core, beside the scheduler (``RetireServingScheduler``
-builds it; the first utility call attaches it to the ``EngineCore``). Everything here runs on the
-engine core's busy-loop thread: utility calls (``call``, answered by ``scope_calls.ScopeCalls``)
-are handled between steps, scheduler hooks inside them, so the authority is never entered twice
-at once.
+builds it; the first utility call attaches it to the ``EngineCore``). Utility calls (``call``,
+answered by ``scope_calls.ScopeCalls``) are handled on the engine core's busy-loop thread between
+steps, scheduler hooks inside them; a scoped request's ``open`` also reaches the ``open`` thread
+(``early_opens``), which decides it while a step runs (``open_early``): the fenced versions'
+terminal outputs leave at once, the rest of its commands are carried out at the busy loop's next
+hook. Hooks and that thread take one lock, so the authority is never entered twice at once and
+its commands are carried out in the order it gave them.
 
 Each observation point (a hook: ``_hook`` counts its time in ``EngineTime`` and writes the core
 log lines it made when it returns) builds its events, calls the core once (``decide``) and hands
@@ -42,6 +45,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
@@ -52,6 +56,7 @@ from retire_core import (
     Command,
     Drop,
     Event,
+    Fence,
     FrameArrived,
     FrameKind,
     PageEvicted,
@@ -68,10 +73,11 @@ from .. import observe
 from ..corelog import JsonLinesBuffer, NullLogger, engine_log_path
 from ..errors import IntegrationError
 from . import wire
+from .early_opens import FENCE_DIR_ENV, OpenListener, address
 from .engine_commands import EngineCommands
 from .ledger import BlockLedger
 from .records import Admission, EngineTime, Histogram, ManagedRequest, ScopeInfo
-from .scope_calls import ScopeCalls
+from .scope_calls import Opening, ScopeCalls
 
 if TYPE_CHECKING:
     from .step_digests import StepDigests
@@ -95,34 +101,41 @@ MAY_GO_IDLE = frozenset({"commit", "finished_outside"})
 
 
 def _hook(
-    hook: str,
+    hook: str, *, boundary: bool = True, step_scheduled: bool = False
 ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-    """An ``EngineSide`` method vLLM calls (a hook): its time is counted in
-    ``engine_time.hooks[hook]`` and the core log lines it made are written when it returns,
-    made durable after a utility call (a client that saw its answer can read them) and when the
-    engine has no request left (``idle``): vLLM kills the engine core at shutdown before the
-    scheduler's ``shutdown`` runs, so an idle engine's log must already be on disk. A hook
-    entered from inside another is part of the outer one (counted and written there)."""
+    """An ``EngineSide`` method vLLM calls (a hook). It runs under the engine side's lock (the
+    ``open`` thread, ``open_early``, decides only between hooks); at a ``boundary`` (every hook
+    but one vLLM calls while it is allocating a step's blocks) it first carries out the opens
+    decided since the last hook (``step_scheduled``: the step is scheduled, not yet run, so a
+    fence waits for its commit). Its time is counted in ``engine_time.hooks[hook]`` and the core
+    log lines it made are written when it returns, made durable after a utility call (a client
+    that saw its answer can read them) and when the engine has no request left (``idle``): vLLM
+    kills the engine core at shutdown before the scheduler's ``shutdown`` runs, so an idle
+    engine's log must already be on disk. A hook entered from inside another is part of the
+    outer one (counted and written there)."""
 
     def wrap(method: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(method)
         def hooked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             side: EngineSide = args[0]  # type: ignore[assignment]
-            clock = side.engine_time
-            if clock.inside:
-                return method(*args, **kwargs)
-            clock.inside = True
-            began = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
+            with side.lock:
+                clock = side.engine_time
+                if clock.inside:
+                    return method(*args, **kwargs)
+                clock.inside = True
+                began = time.perf_counter()
                 try:
-                    side.log.flush(
-                        durable=hook == "utility" or (hook in MAY_GO_IDLE and side.idle())
-                    )
+                    if boundary and side.early_tails:
+                        side.carry_out_early(step_scheduled)
+                    return method(*args, **kwargs)
                 finally:
-                    clock.inside = False
-                    clock.hooks[hook] += time.perf_counter() - began
+                    try:
+                        side.log.flush(
+                            durable=hook == "utility" or (hook in MAY_GO_IDLE and side.idle())
+                        )
+                    finally:
+                        clock.inside = False
+                        clock.hooks[hook] += time.perf_counter() - began
 
         return hooked
 
@@ -144,6 +157,15 @@ class EngineSide:
         # request arrives; and the requests that arrived before their version's ``Admit``
         self.pipelined: dict[str, tuple[str, int]] = {}
         self.held: dict[tuple[str, int], Any] = {}
+        # the opens the ``open`` thread took, by opening id, until their utility call comes
+        # (None: it decided nothing, the utility call decides); those of them whose commands
+        # wait for the busy loop's next hook, in the order decided; the opening ids whose
+        # utility call came first, until their copy on the ``open`` socket comes
+        self.early: dict[str, Opening | None] = {}
+        self.early_tails: list[Opening] = []
+        self.utility_first: set[str] = set()
+        self.lock = threading.RLock()  # hooks and the ``open`` thread
+        self.listener: OpenListener | None = None
         self.scopes: dict[str, ScopeInfo] = {}
         self._frame_ids = itertools.count()
         self._commands: EngineCommands | None = None  # the executor, once attached
@@ -202,6 +224,11 @@ class EngineSide:
         self.initial_free_blocks = int(self.pool.get_num_free_blocks())
         self.retire = Retire(logger=self.log)
         self._commands = EngineCommands(self)
+        directory = os.environ.get(FENCE_DIR_ENV)
+        if directory:
+            engine = int(vcfg.parallel_config.data_parallel_index)
+            self.listener = OpenListener(address(directory, engine), self.open_early)
+            self.listener.start()
 
     @property
     def core(self) -> Retire:
@@ -282,6 +309,69 @@ class EngineSide:
                 del self.held[key]
                 self.count("abandoned_held_requests")
 
+    # ---- opens decided while a step runs (the ``open`` thread) ------------------------------
+
+    def open_early(self, payload: dict[str, Any]) -> None:
+        """An ``open`` from the ``open`` socket (``early_opens``), on its own thread: decided
+        now, between the busy loop's hooks (during the forward pass, or while the engine waits
+        for input); the fenced versions' requests get their terminal outputs at once (the API
+        process ends their streams), everything else the decision commands waits for the busy
+        loop's next hook (``carry_out_early``). Its utility call, which always follows, answers
+        with this decision; if that call came first, this copy changes nothing."""
+        began = time.perf_counter()
+        with self.lock:
+            try:
+                opening = payload.get("opening")
+                if not isinstance(opening, str) or opening in self.early:
+                    return
+                if opening in self.utility_first:
+                    self.utility_first.discard(opening)
+                    self.count("early_opens_late")
+                    return
+                if self.retire is None:
+                    self.early[opening] = None
+                    return
+                try:
+                    decided = self.calls.decide_open(payload)
+                except Exception:  # the utility call decides it again and answers the error
+                    self.early[opening] = None
+                    raise
+                self.early[opening] = decided
+                self.early_tails.append(decided)
+                self.count("early_opens")
+                self._announce_fences(decided)
+            finally:
+                self.engine_time.hooks["open_early"] += time.perf_counter() - began
+
+    def _announce_fences(self, decided: Opening) -> None:
+        """The terminal output of each request the decision fenced, now: the step in flight may
+        still run them, but nothing of theirs leaves this process again (the commit and output
+        gates drop it), and the ``Fence`` that finishes them in the scheduler comes with the
+        rest of the commands."""
+        in_step = self.commands.in_step
+        for cmd in decided.commands:
+            if not isinstance(cmd, Fence):
+                continue
+            reason = wire.finish_reason(self.core.revocation(cmd.scope, cmd.version))
+            for rid in dict.fromkeys(self.by_participant.get(p) for p in cmd.participants):
+                req = self.reqs.get(rid) if rid is not None else None
+                if req is None or req.announced:  # closed, or fenced by an earlier decision
+                    continue
+                req.announced = True
+                self.send_terminal(rid, req.client_index, reason)
+                decided.timing.setdefault("fenced", time.time())
+                self.count("fences_during_step" if in_step else "fences_between_steps")
+
+    def carry_out_early(self, step_scheduled: bool) -> None:
+        """At a hook of the busy loop: the commands of the opens the ``open`` thread decided
+        since the last hook, in the order decided (``step_scheduled``: the step is scheduled and
+        not run yet, so a fence waits for its commit, as one during its forward pass does)."""
+        if step_scheduled:
+            self.commands.in_step = True
+        tails, self.early_tails = self.early_tails, []
+        for decided in tails:
+            self.calls.carry_out_open(decided)
+
     @_hook("add_request")
     def on_add_request(self, request: Any) -> None:
         """A request reached the scheduler: an admitted version's request starts its
@@ -345,7 +435,7 @@ class EngineSide:
             and req.version == scopes[req.scope].epoch
         }
 
-    @_hook("schedule")
+    @_hook("schedule", step_scheduled=True)
     def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
         if not self.reqs:
             return
@@ -481,10 +571,11 @@ class EngineSide:
 
     # ---- requests, writers, receipts ------------------------------------------------------------
 
-    def finish_from_here(self, rid: str, client_index: int, reason: str) -> None:
-        """Finish a request in the scheduler and send the API process its terminal output, which
-        names the fence (the stream ends with ``reason``; nothing buffered is delivered)."""
-        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+    def finish_from_here(
+        self, rid: str, client_index: int, reason: str, *, announce: bool = True
+    ) -> None:
+        """Finish a request in the scheduler and (unless its terminal output was already sent:
+        ``announce`` False) send the API process its terminal output, which names the fence."""
         from vllm.v1.request import RequestStatus
 
         request = self.scheduler.requests.get(rid)
@@ -494,6 +585,15 @@ class EngineSide:
                 self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
             finally:
                 self._fencing.discard(rid)
+        if announce:
+            self.send_terminal(rid, client_index, reason)
+
+    def send_terminal(self, rid: str, client_index: int, reason: str) -> None:
+        """The request's terminal output, naming the fence (the stream ends with ``reason``;
+        nothing buffered is delivered), on the engine core's output queue (thread-safe: vLLM's
+        output thread drains it)."""
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+
         terminal = EngineCoreOutput(
             request_id=rid,
             new_token_ids=[],
@@ -510,7 +610,7 @@ class EngineSide:
         observe.check_prefix_hit(req.rid, tables, start, req.adopted, self.block_size)
         self.commands.release_handoff_pins(req)  # the successor's own references hold them now
 
-    @_hook("schedule")
+    @_hook("schedule", boundary=False)  # vLLM is allocating the step's blocks
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
         """A block id the ledger still retains went to a new owner underneath the core."""
         for bid in ids:
@@ -566,6 +666,7 @@ class EngineSide:
             "openings": len(self.opening),
             "pipelined": len(self.pipelined),
             "held_requests": len(self.held),
+            "early_openings": len(self.early) + len(self.early_tails) + len(self.utility_first),
             "pending_work": self.commands.pending_work()
             + len(self._completed)
             + len(self._fencing),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -32,7 +33,7 @@ import attrs
 
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from . import wire
+from . import early_opens, wire
 from .records import ApiAccount
 
 
@@ -142,6 +143,9 @@ class RetireAsyncLLM(AsyncLLM):
             raise
         rank = self._engine_of(payload)
         sent = time.time()
+        # first to the engine core's ``open`` socket, where it is decided even while a step
+        # runs (``early_opens``); then as the utility call, which answers with that decision
+        payload["early"] = self._send_early(rank or 0, payload)
         opening = asyncio.ensure_future(self.retire("open", dp_rank=rank, **payload))
         first: asyncio.Future[Any] | None = None
         try:
@@ -205,6 +209,19 @@ class RetireAsyncLLM(AsyncLLM):
         finally:
             streams.pop(key, None)
             await _stop(first, outputs)
+
+    def connect_open_sockets(self) -> None:
+        """Connect to every engine core's ``open`` socket (``retire serve`` names their directory
+        in ``FENCE_DIR_ENV``; unset: every ``open`` is decided between steps). Called once the
+        engine cores listen, so the first scoped request already finds the connections made."""
+        directory = os.environ.get(early_opens.FENCE_DIR_ENV)
+        if directory:
+            sender = self.__dict__["_retire_sender"] = early_opens.OpenSender(directory)
+            sender.connect(max(1, len(getattr(self.engine_core, "core_engines", ()))))
+
+    def _send_early(self, engine: int, payload: dict[str, Any]) -> bool:
+        sender: early_opens.OpenSender | None = self.__dict__.get("_retire_sender")
+        return sender is not None and sender.send(engine, payload)
 
     def _engine_of(self, payload: dict[str, Any]) -> int | None:
         """With data parallelism, the engine of the authority of ``payload``'s scope

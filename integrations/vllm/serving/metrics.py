@@ -76,6 +76,20 @@ class _Snapshot:
             "filled them (step_digests' connector), not by a round trip after it",
             "step_digests",
         )
+        early = CounterMetricFamily(
+            "retire_early_fences",
+            "fenced requests whose stream the open socket's thread ended at once, by whether a "
+            "step was running then (early_opens)",
+            labels=["during"],
+        )
+        early.add_metric(["step"], counters.get("fences_during_step", 0))
+        early.add_metric(["between_steps"], counters.get("fences_between_steps", 0))
+        yield early
+        yield counter(
+            "retire_early_opens",
+            "opens decided by the open socket's thread (the rest by their utility call)",
+            "early_opens",
+        )
         yield GaugeMetricFamily(
             "retire_fences_in_progress",
             "participants of retired versions that still owe a receipt",

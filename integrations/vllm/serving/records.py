@@ -45,6 +45,7 @@ class ManagedRequest:
     scheduled: bool = False
     closed: set[str] = attrs.field(factory=set)
     fenced: bool = False
+    announced: bool = False  # its fence's terminal output was sent
     names: OutputNames | None = None  # names the blocks past its context (``identity``)
     request: Any = None  # vLLM's ``Request``, until its writers closed (``executor.block_name``)
 
@@ -95,9 +96,10 @@ class Histogram:
 
 #: Where Retire's time in the engine core is counted (``EngineTime.hooks``): the utility calls
 #: (between steps), a request reaching the scheduler, the schedule (pause, allocations, the write
-#: gate), the commit (the commit gate, writer closures, the output gate) and requests finished
-#: from outside.
-ENGINE_HOOKS = ("utility", "add_request", "schedule", "commit", "finished_outside")
+#: gate), the commit (the commit gate, writer closures, the output gate), requests finished
+#: from outside, and the opens decided on the ``open`` thread (during a step's forward pass, or
+#: while the engine waits: not part of a step's hooks).
+ENGINE_HOOKS = ("utility", "add_request", "schedule", "commit", "finished_outside", "open_early")
 
 
 @attrs.define

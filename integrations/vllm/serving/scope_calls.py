@@ -50,20 +50,62 @@ class TenantMismatchError(RetireError):
     """A request names a scope that belongs to another tenant."""
 
 
+@attrs.define
+class Opening:
+    """An ``open`` the core decided (``ScopeCalls.decide_open``), until its commands are carried
+    out (``carry_out_open``) and it is answered (``_answer``)."""
+
+    scope: str
+    version: int
+    revision: bool  # a Supersede (else a Submit)
+    commands: list[Command]
+    fenced: list[int]  # the versions it fenced
+    future: Future[dict[str, Any]]  # answered by the version's Admit (or by a later fence)
+    incarnation: int
+    started: float  # perf_counter, for the cleanup histogram
+    timing: dict[str, float]  # wall-clock moments, for Server-Timing
+    carried_out: bool = False
+
+
 class ScopeCalls:
     def __init__(self, side: EngineSide) -> None:
         self.side = side
 
     def op_open(self, payload: dict[str, Any]) -> Any:
+        """A scoped request arrived at the API process: ``Submit`` a new scope or ``Supersede``
+        a live one. The ``open`` thread may have decided this opening already (the API process
+        sends it there first: ``EngineSide.open_early``), and the ``call`` hook carried out its
+        commands on entry: answer with that decision. Else decide here; an opening also sent to
+        the ``open`` socket (``early``) is remembered until that copy comes, which then changes
+        nothing."""
+        opening = self._opening_id(payload)
+        came_early = opening is not None and opening in self.side.early
+        early = self.side.early.pop(opening) if opening is not None and came_early else None
+        if early is not None:
+            assert early.carried_out, "the call hook carries out the early opens first"
+            return self._answer(early)
+        if opening is not None and payload.get("early") and not came_early:
+            self.side.utility_first.add(opening)  # decided here, refused or not: its copy waits
+        decided = self.decide_open(payload)
+        self.carry_out_open(decided)
+        return self._answer(decided)
+
+    def _opening_id(self, payload: dict[str, Any]) -> str | None:
+        opening = payload.get("opening")
+        return None if opening is None else check_name(opening, "opening")
+
+    def decide_open(self, payload: dict[str, Any]) -> Opening:
+        """The core's decision on an ``open`` and what this side records with it (the version's
+        opening future, the opening id its request will carry): raises, changing nothing, on
+        bad input. Touches no vLLM structure (the ``open`` thread calls it while a step runs);
+        ``carry_out_open`` carries out its commands."""
         received = time.time()  # wall clock: the API process compares it with its own
         scope = check_name(payload.get("scope"), "scope")
         tenant = check_name(payload.get("tenant"), "tenant")
         tokens = tuple(int(t) for t in payload["prompt_token_ids"])
         contract = self._contract(payload)
         # the request that follows the open carries this id (``EngineSide.holds``)
-        opening = payload.get("opening")
-        if opening is not None:
-            opening = check_name(opening, "opening")
+        opening = self._opening_id(payload)
         info = self.side.scopes.get(scope)
         record = self.side.core.state.scopes.get(scope)
         if record is not None and record.tenant != tenant:
@@ -100,25 +142,44 @@ class ScopeCalls:
         info.names[version] = identity.OutputNames(chain)
         future: Future[dict[str, Any]] = Future()
         self.side.opening[(scope, version)] = future
-        fenced = self._fenced_versions(commands)
+        return Opening(
+            scope,
+            version,
+            record is not None,
+            commands,
+            self._fenced_versions(commands),
+            future,
+            info.incarnation,
+            started,
+            {"received": received, "decided": decided},
+        )
+
+    def carry_out_open(self, decided: Opening) -> None:
+        """The commands of a decided ``open``, on the busy loop (between steps, or at a hook
+        of the step in flight: its fences then wait for the step's commit)."""
+        scope = decided.scope
         self.side.first_fence_output = None
         self._settle_admissions(scope)
-        self.side.commands.run(commands)
-        carried_out = time.time()
+        self.side.commands.run(decided.commands)
+        decided.carried_out = True
+        decided.timing["carried_out"] = time.time()
         self.side.scopes[scope].last_active = time.monotonic()  # forgotten one idle time later
         self._settle_openings(scope)
-        if record is not None:
+        if decided.revision:
             self.side.count("supersedes")
-            self.side.cleanup.observe(time.perf_counter() - started)
+            self.side.cleanup.observe(time.perf_counter() - decided.started)
         else:
             self.side.count("submits")
-        timing = {"received": received, "decided": decided, "carried_out": carried_out}
         if self.side.first_fence_output is not None:  # the old stream's end is on its way
-            timing["fenced"] = self.side.first_fence_output
-        incarnation = info.incarnation
+            decided.timing.setdefault("fenced", self.side.first_fence_output)
+
+    def _answer(self, decided: Opening) -> Any:
+        """The open's answer: now if the version is admitted (or was revised before it was),
+        else a future the ``Admit`` answers (vLLM defers the utility reply)."""
+        timing, incarnation, future = decided.timing, decided.incarnation, decided.future
         if future.done():
             answer = future.result()
-            answer.update(fenced=fenced, timing=timing, incarnation=incarnation)
+            answer.update(fenced=decided.fenced, timing=timing, incarnation=incarnation)
             return answer
 
         def stamp(answered: Future[dict[str, Any]]) -> None:
@@ -127,7 +188,7 @@ class ScopeCalls:
                 answered.result().update(timing=timing, incarnation=incarnation)
 
         future.add_done_callback(stamp)
-        return future  # answered by the Admit (vLLM defers the utility reply)
+        return future
 
     def op_abandon(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The API process's request for this version will not run as it (its client left while
@@ -256,6 +317,12 @@ class ScopeCalls:
             "openings": [f"{s}@{v}" for s, v in self.side.opening],
             "pipelined": [f"{s}@{v}" for s, v in self.side.pipelined.values()],
             "held_requests": [f"{s}@{v}" for s, v in self.side.held],
+            # opens taken by the ``open`` thread whose utility call has not come, and the
+            # reverse (``early_opens``)
+            "early_openings": sorted(
+                {*self.side.early, *self.side.utility_first}
+                | {f"{o.scope}@{o.version}" for o in self.side.early_tails}
+            ),
             "live_scopes": sorted(
                 s for s, r in core.scopes.items() if r.state is not ScopeState.CANCELLED
             ),

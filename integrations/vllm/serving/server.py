@@ -11,16 +11,22 @@ default model (built locally on first use, nothing downloaded), with CPU engine 
 given option overrides. Retire's own options, removed before vLLM parses the rest:
 ``--retire-log PATH`` (the core's transitions, one JSON object per line, for
 ``retire validate-trace``), ``--retire-scope-ttl SECONDS`` (idle scopes are cancelled after
-this long; default 900) and ``--retire-step-digests on|off`` (off: no connector of Retire's; the
-engine side reads every digest after the step; default on).
+this long; default 900), ``--retire-step-digests on|off`` (off: no connector of Retire's; the
+engine side reads every digest after the step; default on) and ``--retire-open-socket on|off``
+(off: no ``open`` socket, ``early_opens``; a revision is decided between steps; default on).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from typing import Any
+
+from .early_opens import FENCE_DIR_ENV
 
 SCHEDULER = "retire_vllm.serving.scheduler.RetireServingScheduler"
 MIDDLEWARE = "retire_vllm.serving.http.RetireMiddleware"
@@ -70,6 +76,9 @@ def parse(argv: list[str]) -> Any:
     argv, step_digests = _take_option(argv, "--retire-step-digests")
     if step_digests not in (None, "on", "off"):
         raise SystemExit(f"--retire-step-digests takes on or off, not {step_digests!r}")
+    argv, open_socket = _take_option(argv, "--retire-open-socket")
+    if open_socket not in (None, "on", "off"):
+        raise SystemExit(f"--retire-open-socket takes on or off, not {open_socket!r}")
     parser = make_arg_parser(FlexibleArgumentParser(prog="retire serve"))  # type: ignore[no-untyped-call]
     args = parser.parse_args(argv)
     given = _given(argv)
@@ -109,6 +118,15 @@ def parse(argv: list[str]) -> Any:
         from .step_digests import with_step_digests
 
         args.kv_transfer_config = with_step_digests(args.kv_transfer_config)
+    if open_socket != "off":
+        # the engine cores' ``open`` sockets (``early_opens``): a private directory, removed
+        # when the server stops; short (an ipc path has about a hundred characters)
+        short = "/tmp" if os.path.isdir("/tmp") else None
+        directory = tempfile.mkdtemp(prefix="retire-", dir=short)
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        os.environ[FENCE_DIR_ENV] = directory
+    else:
+        os.environ.pop(FENCE_DIR_ENV, None)
     if log_path:
         os.environ["RETIRE_CORE_LOG"] = os.path.abspath(log_path)
         os.environ["RETIRE_DATA_PARALLEL_SIZE"] = str(int(args.data_parallel_size or 1))
@@ -140,7 +158,8 @@ async def serve(args: Any) -> None:
     # then the server's shutdown task is awaited.
     expiry = None
     try:
-        await engine.retire("attach")
+        await engine.retire("attach")  # every engine core listens on its open socket now
+        engine.connect_open_sockets()
         expiry = asyncio.create_task(engine.expire_idle_scopes(args.retire_scope_ttl))
         shutdown_task = await build_and_serve(engine, listen_address, sock, args)
     finally:
