@@ -353,8 +353,9 @@ class EngineSide:
             if not isinstance(cmd, Fence):
                 continue
             reason = wire.finish_reason(self.core.revocation(cmd.scope, cmd.version))
-            for rid in dict.fromkeys(self.by_participant.get(p) for p in cmd.participants):
-                req = self.reqs.get(rid) if rid is not None else None
+            known = (self.by_participant.get(p) for p in cmd.participants)
+            for rid in dict.fromkeys(r for r in known if r is not None):
+                req = self.reqs.get(rid)
                 if req is None or req.announced:  # closed, or fenced by an earlier decision
                     continue
                 req.announced = True
