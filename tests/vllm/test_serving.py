@@ -208,6 +208,9 @@ ATTEMPTS = 5
 #: When a test acts after sending a request that waits behind a long prefill (seconds): where the
 #: window falls moves with the machine's load, so each test tries several until one hits it.
 WINDOW_DELAYS = (0.05, 0.07, 0.04, 0.09, 0.06, 0.03, 0.11, 0.02, 0.13)
+#: When a test revokes a version sent just before (seconds after it): the revocation must reach
+#: the engine core while another request's long prefill holds both in its input queue.
+REVOKE_DELAYS = (0.02, 0.01, 0.03, 0.005, 0.04, 0.015, 0.05, 0.0, 0.07)
 
 
 def _long_stream(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str) -> Any:
@@ -787,8 +790,9 @@ def test_a_version_revoked_between_its_admission_and_its_request(
 ) -> None:
     """A revision's open call (its request right behind it) and, just behind them, a cancel (or
     a revision with another prefix) wait in the engine core's input queue for another request's
-    long prefill; the engine core then admits the first revision -- its adopted blocks pinned for
-    its request -- and takes its request and the cancel before any step runs it. The request ends
+    long prefill (the open's copy on the open socket is decided during that prefill); the
+    engine core then admits the first revision -- its adopted blocks pinned for its request --
+    and takes its request and the cancel before any step runs it. The request ends
     with the fence's reason having run nothing, and the cancel frees the adopted blocks (nothing
     left: the fixture). Before the request was sent right behind its open, it came after the
     cancel, and the admission's pins had to go first (``revoked_admissions``; without that, "the
@@ -796,12 +800,12 @@ def test_a_version_revoked_between_its_admission_and_its_request(
     request's call overtakes in the API process, between its open and its own sending."""
     model = retire_server.model
 
-    async def race(scope: str, base: list[int], load: list[int]) -> tuple[Any, Any]:
+    async def race(scope: str, base: list[int], load: list[int], delay: float) -> tuple[Any, Any]:
         c = retire_server.openai(asynchronous=True)
         busy = asyncio.create_task(complete(c, model, load, 1))  # new tokens: no prefix hit
         await asyncio.sleep(0.01)
         first = asyncio.create_task(complete(c, model, [*base, 5], 4, **scoped(scope)))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(delay)
         if action == "cancel":
             async with fresh_connections() as h:
                 second: Any = await h.post(retire_server.scope_url(scope) + "/cancel")
@@ -813,11 +817,13 @@ def test_a_version_revoked_between_its_admission_and_its_request(
         return result
 
     expected = "cancelled" if action == "cancel" else "superseded"
-    for attempt in range(ATTEMPTS):
+    outcomes = []
+    for attempt, delay in enumerate(REVOKE_DELAYS):
         scope, base = f"revoked-{action}-{attempt}", prompt(92 + attempt, 130)
         complete(client, model, base, 4, **scoped(scope))  # four blocks to adopt
         load = prompt(7000 + 10 * attempt + (action == "revise"), 3000)
-        first, second = asyncio.run(race(scope, base, load))
+        first, second = asyncio.run(race(scope, base, load, delay))
+        outcomes.append((delay, first.choices[0].finish_reason, len(first.choices[0].text)))
         if action == "cancel":
             assert second.status_code == 200, second.text
         else:
@@ -826,7 +832,7 @@ def test_a_version_revoked_between_its_admission_and_its_request(
         if first.choices[0].finish_reason == expected and first.choices[0].text == "":
             break
     else:
-        raise AssertionError("no attempt revoked the version before its request ran")
+        raise AssertionError(f"no attempt revoked the version before its request ran: {outcomes}")
 
 
 def leave_at_random(server: RetireServer, seed: int, *, load_tokens: int = 3000) -> None:
