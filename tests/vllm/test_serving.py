@@ -494,6 +494,9 @@ def test_a_revision_is_decided_while_the_old_versions_step_runs(
         counters = retire_server.leaks()["counters"]
         if counters.get("fences_during_step", 0) > before.get("fences_during_step", 0):
             break
+    for trial in range(trials):
+        assert cancel(retire_server, f"early{trial}").status_code == 200
+    retire_server.check_clean()  # every copy came (none is left waiting in ``utility_first``)
     after = retire_server.leaks()["counters"]
 
     def moved(name: str) -> int:
@@ -504,8 +507,6 @@ def test_a_revision_is_decided_while_the_old_versions_step_runs(
     assert moved("early_opens") + moved("early_opens_late") == opens, after
     assert moved("supersedes") == trials and moved("submits") == trials, after
     assert moved("fences_during_step") + moved("fences_between_steps") <= moved("fences")
-    for trial in range(trials):
-        assert cancel(retire_server, f"early{trial}").status_code == 200
 
 
 # --- races ----------------------------------------------------------------------------------------

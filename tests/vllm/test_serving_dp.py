@@ -60,6 +60,7 @@ def scope_on(rank: int) -> str:
 def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank: int) -> None:
     client = server.openai()
     scope = scope_on(rank)
+    before = server.leaks()["counters"]
     base = prompt(40 + rank, 200)
     first = complete(client, server.model, base, 8, **scoped(scope))
     assert stamp(first) == (scope, 0)
@@ -80,7 +81,11 @@ def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank:
     info = status(server, scope).json()
     assert info["dp_rank"] == rank and info["version"] == 3
     assert cancel(server, scope).status_code == 200
-    server.check_clean()
+    server.check_clean()  # (a copy sent to the wrong engine would be left there: a leak)
+    # each of the four opens' copies reached its engine's open socket, once
+    after = server.leaks()["counters"]
+    copies = ("early_opens", "early_opens_late")
+    assert sum(after.get(k, 0) - before.get(k, 0) for k in copies) == 4, after
 
 
 def test_clients_that_leave_at_any_moment(server: RetireServer) -> None:
