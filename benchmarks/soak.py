@@ -83,24 +83,10 @@ KNOWN_ENDS = frozenset(
 COUNTERS = ("submits", "supersedes", "cancels", "expired", "forgotten", "fences")
 #: ``sizes`` that must be zero once every scope is cancelled and forgotten.
 AT_REST_ZERO = (
-    "core_scopes",
-    "core_participants",
-    "core_pages",
-    "core_index_scopes",
-    "scope_infos",
-    "scope_info_versions",
-    "requests",
-    "participants",
-    "request_blocks",
-    "admissions",
-    "openings",
-    "pipelined",
-    "held_requests",
-    "early_openings",
-    "pending_work",
-    "ledger_refs",
-    "ledger_cached",
-    "scheduler_requests",
+    *("core_scopes", "core_participants", "core_pages", "core_index_scopes", "scope_infos"),
+    *("scope_info_versions", "requests", "participants", "request_blocks", "admissions"),
+    *("openings", "pipelined", "held_requests", "early_openings", "pending_work"),
+    *("ledger_refs", "ledger_cached", "scheduler_requests"),
 )
 MIB = 1 << 20
 #: The clients' connection pools: a connection per request, none kept alive. A kept one can be
