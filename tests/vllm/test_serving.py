@@ -488,9 +488,13 @@ def test_a_revision_is_decided_while_the_old_versions_step_runs(
     while trials < 2 * len(WINDOW_DELAYS):
         last, revised = asyncio.run(revise(trials))
         trials += 1
-        assert stamp(last) == (f"early{trials - 1}", 0)
-        assert last.choices[0].finish_reason == "superseded" and last.choices[0].text == ""
-        assert stamp(revised) == (f"early{trials - 1}", 1)
+        scope = f"early{trials - 1}"
+        assert stamp(last) == (scope, 0)
+        # (a starved client can read its first chunks after the old version ran to its end)
+        end = expected_end(retire_server, scope, 0)
+        assert last.choices[0].finish_reason == end
+        assert end == "length" or last.choices[0].text == ""
+        assert stamp(revised) == (scope, 1)
         counters = retire_server.leaks()["counters"]
         if counters.get("fences_during_step", 0) > before.get("fences_during_step", 0):
             break
