@@ -13,18 +13,25 @@ in Retire's hooks and lets it go during the forward pass) and queues the fenced 
 terminal outputs at once; the rest of the revision's commands are carried out at the busy loop's
 next hook, in the order the core gave them. The two copies of an ``open`` carry one opening id:
 whichever arrives second finds the decision the first made, so an ``open`` is decided once
-however the two sockets order them. What lives here: the socket's address, the listener thread
-and the sender; the decision and its bookkeeping live in ``engine_side`` and ``scope_calls``.
+however the two sockets order them; ``OpenCopies`` is that rule, and it also drops a copy the
+socket delivers twice and forgets an opening whose copy was lost, by the sender's sequence
+numbers (one sender's copies leave in order on one socket; its utility calls may not). What
+lives here: the socket's address, the listener thread, the sender and ``OpenCopies``; the
+decision and its bookkeeping live in ``engine_side`` and ``scope_calls``.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable
-from typing import Any
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import attrs
 
 #: The private directory of the engine cores' ``open`` sockets (``retire serve`` makes it); unset:
 #: no socket, every ``open`` is decided between steps.
@@ -73,12 +80,15 @@ class OpenListener(threading.Thread):
 
 
 class OpenSender:
-    """The API process's side: one PUSH socket per engine, made on first use. ``send`` is
-    non-blocking and returns False when no engine core listens on that socket (the utility call
+    """The API process's side: one PUSH socket per engine, made on first use. ``send`` stamps
+    the payload with this sender's id and its next sequence number (``OpenCopies``), and is
+    non-blocking: it returns False when no engine core listens on that socket (the utility call
     then decides alone)."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
+        self.sender = uuid.uuid4().hex
+        self._seq = 0
         self._sockets: dict[int, Any] = {}
 
     def connect(self, engines: int) -> None:
@@ -101,8 +111,85 @@ class OpenSender:
         import zmq
 
         sock = self._socket(engine)
+        payload["sender"], payload["seq"] = self.sender, self._seq
+        self._seq += 1  # before the send: a refused one leaves a gap, which is harmless
         try:
             sock.send(json.dumps(payload).encode(), zmq.NOBLOCK)
         except zmq.Again:
             return False
         return True
+
+
+D = TypeVar("D")
+
+
+class Copy(enum.Enum):
+    """What a copy taken off the ``open`` socket does (``OpenCopies.take_copy``)."""
+
+    DECIDES = "decides"  # the first of the two: decide the open now
+    LATE = "late"  # its utility call decided it already
+    DUPLICATE = "duplicate"  # the socket delivered this copy before
+
+
+def copy_of(payload: dict[str, Any]) -> tuple[str, int] | None:
+    """The sender and sequence number ``OpenSender.send`` stamped on ``payload`` (None: not a
+    copy that went to the socket, or not one of ours)."""
+    sender, seq = payload.get("sender"), payload.get("seq")
+    if isinstance(sender, str) and isinstance(seq, int) and not isinstance(seq, bool):
+        return sender, seq
+    return None
+
+
+@attrs.define
+class OpenCopies(Generic[D]):
+    """Which of an ``open``'s two copies decides it: the one on the ``open`` socket
+    (``take_copy``) or its utility call (``take_utility``), whichever the engine side takes first;
+    the other finds that decision (``D``; None: the copy decided nothing) or changes nothing.
+    One sender's copies leave on one socket in the order of their sequence numbers, so a copy
+    at or below the highest number taken from that sender is a duplicate, and a utility call
+    waiting for a copy numbered below a later copy taken waits for a copy that was lost (the
+    listener dropped it unread): it is forgotten and counted in ``lost``. Utility calls may
+    come in any order. Nothing here grows with more than the opens in flight."""
+
+    decided_early: dict[str, D | None] = attrs.field(factory=dict)  # copy first, by opening id
+    lost: int = 0
+    _highest: dict[str, int] = attrs.field(factory=dict)  # per sender, the last copy taken
+    _waiting: dict[str, dict[int, str]] = attrs.field(factory=dict)  # utility first: seq -> id
+
+    def take_copy(self, opening: str, sender: str, seq: int) -> Copy:
+        """A copy off the socket; on ``DECIDES`` the caller decides and calls ``decided``."""
+        if seq <= self._highest.get(sender, -1) or opening in self.decided_early:
+            return Copy.DUPLICATE
+        self._highest[sender] = seq
+        waiting = self._waiting.get(sender, {})
+        for earlier in [n for n in waiting if n < seq]:
+            del waiting[earlier]
+            self.lost += 1
+        late = waiting.pop(seq, None) is not None
+        if not waiting:
+            self._waiting.pop(sender, None)
+        return Copy.LATE if late else Copy.DECIDES
+
+    def decided(self, opening: str, decision: D | None) -> None:
+        self.decided_early[opening] = decision
+
+    def take_utility(self, opening: str, copy: tuple[str, int] | None) -> D | None:
+        """The utility call of ``opening`` (``copy``: the sender and number of its copy, None
+        when none was sent): the copy's decision when the copy came first and decided; else
+        None, the caller decides, and the copy, should it come, changes nothing."""
+        if opening in self.decided_early:
+            return self.decided_early.pop(opening)
+        if copy is not None:
+            sender, seq = copy
+            if seq > self._highest.get(sender, -1):  # else it was lost: none will come
+                self._waiting.setdefault(sender, {})[seq] = opening
+        return None
+
+    def openings(self) -> Iterator[str]:
+        """The opening ids waiting for their other copy."""
+        yield from self.decided_early
+        for waiting in self._waiting.values():
+            yield from waiting.values()
+
+    def __len__(self) -> int:
+        return len(self.decided_early) + sum(map(len, self._waiting.values()))

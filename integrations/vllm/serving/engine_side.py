@@ -73,7 +73,7 @@ from .. import observe
 from ..corelog import JsonLinesBuffer, NullLogger, engine_log_path
 from ..errors import IntegrationError
 from . import wire
-from .early_opens import FENCE_DIR_ENV, OpenListener, address
+from .early_opens import FENCE_DIR_ENV, Copy, OpenCopies, OpenListener, address, copy_of
 from .engine_commands import EngineCommands
 from .ledger import BlockLedger
 from .records import Admission, EngineTime, Histogram, ManagedRequest, ScopeInfo
@@ -157,13 +157,10 @@ class EngineSide:
         # request arrives; and the requests that arrived before their version's ``Admit``
         self.pipelined: dict[str, tuple[str, int]] = {}
         self.held: dict[tuple[str, int], Any] = {}
-        # the opens the ``open`` thread took, by opening id, until their utility call comes
-        # (None: it decided nothing, the utility call decides); those of them whose commands
-        # wait for the busy loop's next hook, in the order decided; the opening ids whose
-        # utility call came first, until their copy on the ``open`` socket comes
-        self.early: dict[str, Opening | None] = {}
+        # which of an open's two copies decides it (``early_opens``); the opens the ``open``
+        # thread decided whose commands wait for the busy loop's next hook, in the order decided
+        self.copies: OpenCopies[Opening] = OpenCopies()
         self.early_tails: list[Opening] = []
-        self.utility_first: set[str] = set()
         self.lock = threading.RLock()  # hooks and the ``open`` thread
         self.listener: OpenListener | None = None
         self.scopes: dict[str, ScopeInfo] = {}
@@ -317,26 +314,31 @@ class EngineSide:
         for input); the fenced versions' requests get their terminal outputs at once (the API
         process ends their streams), everything else the decision commands waits for the busy
         loop's next hook (``carry_out_early``). Its utility call, which always follows, answers
-        with this decision; if that call came first, this copy changes nothing."""
+        with this decision; if that call came first, or the socket delivered this copy before,
+        it changes nothing (``OpenCopies``)."""
         began = time.perf_counter()
         with self.lock:
             try:
-                opening = payload.get("opening")
-                if not isinstance(opening, str) or opening in self.early:
+                opening, copy = payload.get("opening"), copy_of(payload)
+                if not isinstance(opening, str) or copy is None:
+                    self.count("early_copies_malformed")
                     return
-                if opening in self.utility_first:
-                    self.utility_first.discard(opening)
-                    self.count("early_opens_late")
+                lost = self.copies.lost
+                taken = self.copies.take_copy(opening, *copy)
+                if self.copies.lost > lost:  # utility calls that waited for a lost copy
+                    self.count("early_copies_lost", self.copies.lost - lost)
+                if taken is not Copy.DECIDES:
+                    self.count("early_opens_late" if taken is Copy.LATE else "early_copies_twice")
                     return
                 if self.retire is None:
-                    self.early[opening] = None
+                    self.copies.decided(opening, None)
                     return
                 try:
                     decided = self.calls.decide_open(payload)
                 except Exception:  # the utility call decides it again and answers the error
-                    self.early[opening] = None
+                    self.copies.decided(opening, None)
                     raise
-                self.early[opening] = decided
+                self.copies.decided(opening, decided)
                 self.early_tails.append(decided)
                 self.count("early_opens")
                 self._announce_fences(decided)
@@ -667,7 +669,7 @@ class EngineSide:
             "openings": len(self.opening),
             "pipelined": len(self.pipelined),
             "held_requests": len(self.held),
-            "early_openings": len(self.early) + len(self.early_tails) + len(self.utility_first),
+            "early_openings": len(self.copies) + len(self.early_tails),
             "pending_work": self.commands.pending_work()
             + len(self._completed)
             + len(self._fencing),

@@ -39,7 +39,7 @@ from retire_core.ids import check_name
 
 from .. import identity
 from ..engine_config import ENGINE_NUMERICAL_MODE, engine_contract
-from . import wire
+from . import early_opens, wire
 from .records import ScopeInfo
 
 if TYPE_CHECKING:
@@ -77,15 +77,14 @@ class ScopeCalls:
         sends it there first: ``EngineSide.open_early``), and the ``call`` hook carried out its
         commands on entry: answer with that decision. Else decide here; an opening also sent to
         the ``open`` socket (``early``) is remembered until that copy comes, which then changes
-        nothing."""
+        nothing (``early_opens.OpenCopies``)."""
         opening = self._opening_id(payload)
-        came_early = opening is not None and opening in self.side.early
-        early = self.side.early.pop(opening) if opening is not None and came_early else None
-        if early is not None:
-            assert early.carried_out, "the call hook carries out the early opens first"
-            return self._answer(early)
-        if opening is not None and payload.get("early") and not came_early:
-            self.side.utility_first.add(opening)  # decided here, refused or not: its copy waits
+        if opening is not None:  # (registered before deciding: a refused open's copy waits too)
+            copy = early_opens.copy_of(payload) if payload.get("early") else None
+            early = self.side.copies.take_utility(opening, copy)
+            if early is not None:
+                assert early.carried_out, "the call hook carries out the early opens first"
+                return self._answer(early)
         decided = self.decide_open(payload)
         self.carry_out_open(decided)
         return self._answer(decided)
@@ -320,7 +319,7 @@ class ScopeCalls:
             # opens taken by the ``open`` thread whose utility call has not come, and the
             # reverse (``early_opens``)
             "early_openings": sorted(
-                {*self.side.early, *self.side.utility_first}
+                {*self.side.copies.openings()}
                 | {f"{o.scope}@{o.version}" for o in self.side.early_tails}
             ),
             "live_scopes": sorted(
