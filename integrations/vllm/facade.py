@@ -693,7 +693,9 @@ class RetireEngine:
 
     def _verify_drafts(self) -> None:
         drafts, self._drafts = self._drafts, []
-        events, completed = observe.verify_drafts(drafts, self._refused, self.block_size)
+        events, completed = observe.verify_drafts(
+            drafts, self._refused, self.block_size, self.pages
+        )
         if events:
             self.emit_batch(events)
         self._completed.extend(completed)

@@ -158,15 +158,19 @@ def table_pages(tables: Sequence[Sequence[int]], null: int) -> set[int]:
 
 
 def verify_drafts(
-    drafts: Sequence[DraftWrite], refused: set[str], block_size: int
+    drafts: Sequence[DraftWrite], refused: set[str], block_size: int, refs: Mapping[int, Any]
 ) -> tuple[list[Event], list[int]]:
     """After the commit: each draft block's ``DraftsVerified`` (complete when the accepted tokens
     fill it) and the blocks that completed. A request whose commit was refused verified nothing:
-    its writers close over the drafts, which rolls them back."""
+    its writers close over the drafts, which rolls them back. Nor did a draft whose writer is
+    already closed (``refs``, the ledger's references): its request finished during the step --
+    vLLM takes the aborts that came in while the model ran just before the commit -- and the close
+    rolled the drafts back and may have freed the block."""
     events: list[Event] = []
     completed: list[int] = []
     for d in drafts:
-        if d.rid in refused:
+        ref = refs.get(d.block)
+        if d.rid in refused or ref is None or ref.request != d.rid or not ref.writer_open:
             continue
         completes = int(d.request.num_computed_tokens) >= (d.index + 1) * block_size
         events.append(DraftsVerified(d.block, completes))

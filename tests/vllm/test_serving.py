@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -208,6 +209,30 @@ ATTEMPTS = 5
 #: When a test acts after sending a request that waits behind a long prefill (seconds): where the
 #: window falls moves with the machine's load, so each test tries several until one hits it.
 WINDOW_DELAYS = (0.05, 0.07, 0.04, 0.09, 0.06, 0.03, 0.11, 0.02, 0.13)
+
+
+def hunt_window(attempt: Callable[[float], str], tries: int = 12, hi: float = 0.25) -> list[Any]:
+    """Calls ``attempt(delay)`` until it answers ``"hit"``, halving the interval of delays (0 to
+    ``hi`` seconds) each time: an ``"early"`` answer moves the next delay up, a ``"late"`` one
+    down, so the hunt follows the window wherever the machine's load puts it. Returns each
+    attempt's ``(delay, answer)``; raises AssertionError with them when no attempt hit."""
+    lo, outcomes = 0.0, []
+    for _ in range(tries):
+        delay = (lo + hi) / 2
+        answer = attempt(delay)
+        outcomes.append((round(delay, 4), answer))
+        if answer == "hit":
+            return outcomes
+        assert answer in ("early", "late"), answer
+        if answer == "early":
+            lo = delay
+        else:
+            hi = delay
+        if hi - lo < 0.002:  # the window moved away from where the hunt closed in: start over
+            lo, hi = 0.0, 0.25
+    raise AssertionError(f"no attempt hit the window: {outcomes}")
+
+
 #: When a test revokes a version sent just before (seconds after it): the revocation must reach
 #: the engine core while another request's long prefill holds both in its input queue.
 REVOKE_DELAYS = (0.02, 0.01, 0.03, 0.005, 0.04, 0.015, 0.05, 0.0, 0.07)
@@ -621,7 +646,9 @@ def test_a_pause_withholds_a_version_whose_request_has_not_run_yet(
     one was prefilled while paused and its first token published.)"""
     model = retire_server.model
 
-    async def attempt(k: int, delay: float) -> bool:
+    tries = itertools.count()
+
+    async def attempt(k: int, delay: float) -> str:
         c = retire_server.openai(asynchronous=True)
         scope, url = f"withheld-{k}", retire_server.scope_url(f"withheld-{k}")
         busy = asyncio.create_task(complete(c, model, prompt(8000 + k, 3000), 1))
@@ -630,8 +657,14 @@ def test_a_pause_withholds_a_version_whose_request_has_not_run_yet(
         await asyncio.sleep(delay)
         async with fresh_connections() as h:
             paused = await h.post(f"{url}/pause")
-            counts = paused.status_code == 200 and not paused.json()["pages"]
-            if counts:  # paused before its request's first step
+            if paused.status_code != 200:  # not opened yet, or its version ran to its end
+                state = await h.get(url)
+                finished = state.status_code == 200 and state.json()["state"] == "finished"
+                answer = "late" if finished else "early"
+            elif paused.json()["pages"]:
+                answer = "late"  # its request had run a step
+            else:
+                answer = "hit"
                 await asyncio.sleep(0.5)
                 assert not opened.done(), "a paused version published"
                 assert not (await h.get(url)).json()["pages"], "a paused version was scheduled"
@@ -642,13 +675,9 @@ def test_a_pause_withholds_a_version_whose_request_has_not_run_yet(
         await busy
         await c.close()
         assert cancel(retire_server, scope).status_code == 200
-        return counts
+        return answer
 
-    for k, delay in enumerate(WINDOW_DELAYS):
-        if asyncio.run(attempt(k, delay)):
-            break
-    else:
-        raise AssertionError("no attempt paused the version before its request ran")
+    hunt_window(lambda delay: asyncio.run(attempt(next(tries), delay)))
 
 
 def test_pause_resume_cancel_and_status(client: openai.OpenAI, retire_server: RetireServer) -> None:

@@ -505,7 +505,9 @@ class EngineSide:
         commands.in_step = False
         if self._drafts:
             drafts, self._drafts = self._drafts, []
-            events, completed = observe.verify_drafts(drafts, self._fencing, self.block_size)
+            events, completed = observe.verify_drafts(
+                drafts, self._fencing, self.block_size, self.ledger.refs
+            )
             if events:
                 commands.run(self.decide(events))
             self._completed.extend(completed)
