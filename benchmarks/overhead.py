@@ -19,6 +19,7 @@ facade's own glue is not counted there, ``integration_share_of_step`` counts it)
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import sys
@@ -44,6 +45,7 @@ from retire_core import (
     WriteAttempted,
     WriterClosed,
 )
+from retire_vllm.corelog import JsonLinesBuffer
 
 TARGET_SHARE: Final[float] = 0.01
 
@@ -175,8 +177,19 @@ def revision_cost(blocks: int, reps: int = 3) -> dict[str, Any]:
     certifies the shared half), the fenced request's two receipts (the last one unholds every
     page and frees the unshared half) and the adoption report. Milliseconds per phase, best of
     ``reps`` runs from the same state. Every phase touches each page once (a transition per
-    page certified, unheld, freed or adopted), so these grow with the context."""
-    core = Retire(logger=quiet_logger())
+    page certified, unheld, freed or adopted), so these grow with the context. The same revision
+    with the core log on, as ``retire serve --retire-log`` writes it (``JsonLinesBuffer``, its
+    lines rendered at the end of each phase, as the engine side does at the end of each hook):
+    ``logged_ms`` and the lines it wrote, ``log_lines``."""
+    out: dict[str, Any] = {"blocks": blocks, "shared_blocks": blocks // 2}
+    out.update(_revision(blocks, reps, None))
+    logged = _revision(blocks, reps, JsonLinesBuffer(io.StringIO()))
+    out["logged_ms"], out["log_lines"] = logged["total_ms"], logged["lines"]
+    return out
+
+
+def _revision(blocks: int, reps: int, log: JsonLinesBuffer | None) -> dict[str, Any]:
+    core = Retire(logger=quiet_logger() if log is None else log)
     context = tuple(f"b{i}" for i in range(blocks))
     core.handle(Submit("s", "tenant", "fp", context))
     for q in ("q/rank0", "q"):
@@ -193,26 +206,39 @@ def revision_cost(blocks: int, reps: int = 3) -> dict[str, Any]:
     start = core.snapshot()
     clock = time.perf_counter
     best: dict[str, float] = {}
+    lines = 0
     for _ in range(max(1, reps)):
         core.restore(start)
+        if log is not None:
+            log.pending.clear()
+            log.stream = io.StringIO()
         spent: dict[str, float] = {}
         t0 = clock()
         commands = core.handle(Supersede("s", revised))
+        if log is not None:
+            lines = len(log.pending)
+            log.flush()
         spent["supersede_ms"] = clock() - t0
         t0 = clock()
         core.handle(Receipt("s", 0, "q/rank0"))
         commands += core.handle(Receipt("s", 0, "q"))
+        if log is not None:
+            lines += len(log.pending)
+            log.flush()
         spent["receipts_ms"] = clock() - t0
         (cert,) = [c.certificate for c in commands if isinstance(c, PinCertified)]
         report = AdoptionReport("s", 1, tuple(PageDigest(p, f"d{p}") for p in cert.pages))
         t0 = clock()
         core.handle(report)
+        if log is not None:
+            lines += len(log.pending)
+            log.flush()
         spent["adoption_ms"] = clock() - t0
         for key, value in spent.items():
             best[key] = min(best.get(key, value), value)
-    out: dict[str, Any] = {"blocks": blocks, "shared_blocks": blocks // 2}
-    out.update({key: value * 1e3 for key, value in best.items()})
+    out: dict[str, Any] = {key: value * 1e3 for key, value in best.items()}
     out["total_ms"] = sum(best.values()) * 1e3
+    out["lines"] = lines
     return out
 
 
@@ -279,7 +305,8 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(
             f"  one revision of a scope holding {r['blocks']:>4} blocks ({r['shared_blocks']} "
             f"shared): supersede {r['supersede_ms']:.2f} ms, receipts {r['receipts_ms']:.2f} "
-            f"ms, adoption {r['adoption_ms']:.2f} ms, in all {r['total_ms']:.2f} ms"
+            f"ms, adoption {r['adoption_ms']:.2f} ms, in all {r['total_ms']:.2f} ms; with the "
+            f"core log on {r['logged_ms']:.2f} ms ({r['log_lines']:,} lines)"
         )
     ratio = doc.get("revision_ratio_2048_over_32")
     if ratio is not None:

@@ -55,13 +55,14 @@ class Transition(NamedTuple):
         """The structlog event fields (documented in docs/protocol.md, read by trace validation)."""
         out: dict[str, Any] = {
             "transition": self.action,
-            "stage": self.stage.value,
+            "stage": self.stage._value_,  # the member's value without the enum descriptor
             "scope": self.scope,
             "version": self.version,
         }
-        out.update({k: _plain(v) for k, v in self.args})
+        for k, v in self.args:
+            out[k] = v if type(v) in _PLAIN else _plain(v)
         if self.changed:
-            out["changed"] = {k: _plain(v) for k, v in self.changed}
+            out["changed"] = {k: v if type(v) in _PLAIN else _plain(v) for k, v in self.changed}
         if self.reason is not None:
             out["reason"] = _plain(self.reason)
         return out
@@ -84,11 +85,15 @@ def transition(
     return _tuple_new(Transition, (action, stage, scope, version, args, changed, reason))
 
 
+#: Values a log line carries as they are (most of them: ids, positions, flags, digests).
+_PLAIN = frozenset({int, str, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, tuple):
-        return [_plain(v) for v in value]
+        return [v if type(v) in _PLAIN else _plain(v) for v in value]
     return value

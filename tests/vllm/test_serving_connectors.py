@@ -24,7 +24,7 @@ import pytest
 
 from retire_bench.servers import RetireServer
 from retire_vllm.client import scoped, stamp
-from tests.vllm.test_serving import cancel, complete, prompt, retire_metrics, status
+from tests.vllm.serving_support import cancel, complete, prompt, retire_metrics, status
 
 pytestmark = pytest.mark.vllm
 

@@ -22,7 +22,7 @@ import pytest
 from retire_bench.servers import RetireServer
 from retire_vllm.client import scoped, stamp
 from retire_vllm.serving import wire
-from tests.vllm.test_serving import (
+from tests.vllm.serving_support import (
     cancel,
     complete,
     expected_end,
@@ -89,7 +89,7 @@ def test_every_version_of_a_scope_reaches_its_engine(server: RetireServer, rank:
 
 
 def test_clients_that_leave_at_any_moment(server: RetireServer) -> None:
-    """Clients leaving at random moments (``test_serving.leave_at_random``) with two engines:
+    """Clients leaving at random moments (``serving_support.leave_at_random``) with two engines:
     an abandoned admission is forgotten by the engine that admitted it; nothing is left on
     either engine."""
     leave_at_random(server, 6)

@@ -6,7 +6,7 @@ by ``retire serve`` in its own processes on 127.0.0.1: a revision of a finished 
 a version still streaming each adopt the cut's pages of both groups (every block before the cut
 in the full-attention group, the last two in the sliding-window group), and their output equals
 a cold run of the same prompt on the same server (an unscoped request under no cache salt, with
-no cached token). Clients that leave at random moments (``test_serving.leave_at_random``) break
+no cached token). Clients that leave at random moments (``serving_support.leave_at_random``) break
 nothing. Every scope is cancelled and the server must hold nothing afterwards; closing it
 validates its core log against the spec.
 """
@@ -21,7 +21,7 @@ import pytest
 from retire_bench.servers import ENGINE_OPTIONS, RetireServer
 from retire_vllm.client import scoped, stamp
 from retire_vllm.default_model import ensure_default_model
-from tests.vllm.test_serving import (
+from tests.vllm.serving_support import (
     cancel,
     complete,
     expected_end,
@@ -122,6 +122,6 @@ def test_a_revision_of_a_streaming_version_adopts_both_groups(
 
 
 def test_clients_that_leave_at_any_moment(client: openai.OpenAI, server: RetireServer) -> None:
-    """Clients leaving at random moments (``test_serving.leave_at_random``) on a model whose
+    """Clients leaving at random moments (``serving_support.leave_at_random``) on a model whose
     blocks a sliding window drops from the table: nothing left behind (the fixture)."""
     leave_at_random(server, 5, load_tokens=2000)

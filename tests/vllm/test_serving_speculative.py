@@ -7,7 +7,7 @@ is proposing, writing and verifying drafts for it: the old stream ends ``superse
 successor equals a cold (unscoped) run of its prompt and adopts exactly the common prefix's
 blocks, and the server's core log -- which must show draft writes, verifications and a writer
 closed over unverified drafts -- validates against the spec when the server closes. Clients
-that leave at random moments (``test_serving.leave_at_random``) leave nothing behind.
+that leave at random moments (``serving_support.leave_at_random``) leave nothing behind.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from retire_bench.servers import RetireServer
 from retire_bench.shapes import speculative_config
 from retire_vllm import identity
 from retire_vllm.client import stamp
-from tests.vllm.test_serving import (
+from tests.vllm.serving_support import (
     cancel,
     complete,
     expected_end,

@@ -2,7 +2,7 @@
 side digests the blocks the step named over the layers in the model runner's order, once per
 step; the answers of several ranks aggregate in rank order and only for one step; the engine side
 takes an answer only for the step it commits; ``retire serve`` installs the connector unless the
-user configured one or speculative decoding. (``tests/vllm/test_serving.py`` checks it on a real
+user configured one or speculative decoding. (``tests/vllm/serving/`` checks it on a real
 server: the digests it delivers pass the byte check at adoption.)
 
 The module (and with it vLLM's KV connector package) is imported when these tests run, not when
