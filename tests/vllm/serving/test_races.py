@@ -38,9 +38,6 @@ from tests.vllm.serving_support import (
 pytestmark = pytest.mark.vllm
 
 
-# --- races ----------------------------------------------------------------------------------------
-
-
 def test_five_revisions_within_50_ms_and_concurrent_scopes(
     client: openai.OpenAI, retire_server: RetireServer
 ) -> None:

@@ -38,9 +38,6 @@ from tests.vllm.serving_support import (
 pytestmark = pytest.mark.vllm
 
 
-# --- the scope API --------------------------------------------------------------------------------
-
-
 def test_a_pause_withholds_a_version_whose_request_has_not_run_yet(
     client: openai.OpenAI, retire_server: RetireServer
 ) -> None:
