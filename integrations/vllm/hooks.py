@@ -435,7 +435,15 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook("vllm.config.parallel", "ParallelConfig.data_parallel_size", _F, use="dp: log path"),
     Hook(_ASYNC, "AsyncLLM.abort", _C, ("request_id", "internal"), "(e)"),
     Hook(_ASYNC, "AsyncLLM.add_request", _C, ("request_id", "prompt", "params"), "(e)"),
-    Hook(_ASYNC, "AsyncLLM._run_output_handler", _C, (), "(e)"),
+    Hook(_ASYNC, "AsyncLLM._run_output_handler", _C, (), "(e), serving: calls fail when it ends"),
+    Hook(_ASYNC, "AsyncLLM.output_handler", _I, use="serving: calls fail when it ends"),
+    Hook(
+        "vllm.v1.engine.core_client",
+        "MPClient.utility_results",
+        _I,
+        use="serving: calls still waiting when the engine core dies",
+    ),
+    Hook("vllm.v1.engine.exceptions", "EngineDeadError", _C, (), "serving: a dead engine core"),
     Hook(_ASYNC, "AsyncLLM.output_processor", _I, use="(e)"),
     Hook("vllm.sampling_params", "RequestOutputKind.DELTA", _M, use="(e) merging collector"),
     # --- the facade, its scheduler subclass and the checker (facade.py, scheduler.py, ...) ------

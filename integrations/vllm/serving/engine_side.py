@@ -508,6 +508,10 @@ class EngineSide:
             events, completed = observe.verify_drafts(
                 drafts, self._fencing, self.block_size, self.ledger.refs
             )
+            # drafts of requests vLLM finished during the step (aborts it takes before the commit)
+            closed = len(drafts) - len(events) - sum(d.rid in self._fencing for d in drafts)
+            if closed:
+                self.count("drafts_closed_during_step", closed)
             if events:
                 commands.run(self.decide(events))
             self._completed.extend(completed)

@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from . import early_opens, wire
 from .records import ApiAccount
@@ -90,6 +91,23 @@ class RetireAsyncLLM(AsyncLLM):
             "output_states": len(processor.request_states),
             "parent_requests": len(processor.parent_requests),
         }
+
+    def _run_output_handler(self) -> None:
+        super()._run_output_handler()  # type: ignore[no-untyped-call]
+        handler = self.output_handler
+        if handler is not None and self.__dict__.get("_retire_watched") is not handler:
+            self.__dict__["_retire_watched"] = handler
+            handler.add_done_callback(self._fail_waiting_calls)
+
+    def _fail_waiting_calls(self, _handler: asyncio.Task[Any]) -> None:
+        """vLLM resolves a utility call's future only with the engine core's answer: a call in
+        flight when the engine core dies would wait forever, and with it the scoped request
+        behind it (a client then sees a timeout instead of vLLM's 500). When the output handler
+        ends -- the engine core died, or the engine shut down -- every call still waiting fails
+        with ``EngineDeadError``."""
+        for future in list(self.engine_core.utility_results.values()):
+            if not future.done():
+                future.set_exception(EngineDeadError())
 
     async def retire(self, op: str, dp_rank: int | None = None, **payload: Any) -> dict[str, Any]:
         """One operation at the authority; raises ``ScopeRequestError`` when it is refused.
