@@ -207,6 +207,15 @@ def _revision(blocks: int, reps: int, log: JsonLinesBuffer | None) -> dict[str, 
     clock = time.perf_counter
     best: dict[str, float] = {}
     lines = 0
+
+    def render() -> int:
+        """The phase's lines, rendered as the engine side renders them at the end of a hook."""
+        if log is None:
+            return 0
+        n = len(log.pending)
+        log.flush()
+        return n
+
     for _ in range(max(1, reps)):
         core.restore(start)
         if log is not None:
@@ -215,24 +224,18 @@ def _revision(blocks: int, reps: int, log: JsonLinesBuffer | None) -> dict[str, 
         spent: dict[str, float] = {}
         t0 = clock()
         commands = core.handle(Supersede("s", revised))
-        if log is not None:
-            lines = len(log.pending)
-            log.flush()
+        lines = render()
         spent["supersede_ms"] = clock() - t0
         t0 = clock()
         core.handle(Receipt("s", 0, "q/rank0"))
         commands += core.handle(Receipt("s", 0, "q"))
-        if log is not None:
-            lines += len(log.pending)
-            log.flush()
+        lines += render()
         spent["receipts_ms"] = clock() - t0
         (cert,) = [c.certificate for c in commands if isinstance(c, PinCertified)]
         report = AdoptionReport("s", 1, tuple(PageDigest(p, f"d{p}") for p in cert.pages))
         t0 = clock()
         core.handle(report)
-        if log is not None:
-            lines += len(log.pending)
-            log.flush()
+        lines += render()
         spent["adoption_ms"] = clock() - t0
         for key, value in spent.items():
             best[key] = min(best.get(key, value), value)
