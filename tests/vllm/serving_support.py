@@ -97,9 +97,6 @@ def status(server: RetireServer, scope: str, tenant: str | None = None) -> httpx
 #: How many times a helper starts its long version again when it ran to its end first: a starved
 #: machine can stall this client for as long as the engine needs for all of its tokens.
 ATTEMPTS = 5
-#: When a test acts after sending a request that waits behind a long prefill (seconds): where the
-#: window falls moves with the machine's load, so each test tries several until one hits it.
-WINDOW_DELAYS = (0.05, 0.07, 0.04, 0.09, 0.06, 0.03, 0.11, 0.02, 0.13)
 
 
 def hunt_window(attempt: Callable[[float], str], tries: int = 12, hi: float = 0.25) -> list[Any]:
@@ -107,7 +104,7 @@ def hunt_window(attempt: Callable[[float], str], tries: int = 12, hi: float = 0.
     ``hi`` seconds) each time: an ``"early"`` answer moves the next delay up, a ``"late"`` one
     down, so the hunt follows the window wherever the machine's load puts it. Returns each
     attempt's ``(delay, answer)``; raises AssertionError with them when no attempt hit."""
-    lo, outcomes = 0.0, []
+    top, lo, outcomes = hi, 0.0, []
     for _ in range(tries):
         delay = (lo + hi) / 2
         answer = attempt(delay)
@@ -120,13 +117,8 @@ def hunt_window(attempt: Callable[[float], str], tries: int = 12, hi: float = 0.
         else:
             hi = delay
         if hi - lo < 0.002:  # the window moved away from where the hunt closed in: start over
-            lo, hi = 0.0, 0.25
+            lo, hi = 0.0, top
     raise AssertionError(f"no attempt hit the window: {outcomes}")
-
-
-#: When a test revokes a version sent just before (seconds after it): the revocation must reach
-#: the engine core while another request's long prefill holds both in its input queue.
-REVOKE_DELAYS = (0.02, 0.01, 0.03, 0.005, 0.04, 0.015, 0.05, 0.0, 0.07)
 
 
 def long_stream(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str) -> Any:

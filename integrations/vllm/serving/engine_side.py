@@ -130,9 +130,10 @@ def _hook(
                     return method(*args, **kwargs)
                 finally:
                     try:
-                        side.log.flush(
-                            durable=hook == "utility" or (hook in MAY_GO_IDLE and side.idle())
-                        )
+                        if side._log_file is not None:  # else there is nothing to write
+                            side.log.flush(
+                                durable=hook == "utility" or (hook in MAY_GO_IDLE and side.idle())
+                            )
                     finally:
                         clock.inside = False
                         clock.hooks[hook] += time.perf_counter() - began

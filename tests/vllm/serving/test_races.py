@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 from typing import Any
 
@@ -19,13 +20,12 @@ from retire_vllm.client import scoped, stamp
 from tests.vllm.serving_support import (
     ATTEMPTS,
     BLOCK,
-    REVOKE_DELAYS,
-    WINDOW_DELAYS,
     cancel,
     client_that_may_leave,
     complete,
     expected_end,
     fresh_connections,
+    hunt_window,
     leave_at_random,
     long_prefills,
     prompt,
@@ -153,12 +153,19 @@ def test_a_client_that_leaves_while_its_revision_opens_leaves_no_admission(
         await busy
         await c.close()
 
-    before = abandoned()
-    for attempt, delay in enumerate(WINDOW_DELAYS):
-        asyncio.run(leave_while_opening(attempt, delay))
+    tries = itertools.count()
+
+    def attempt(delay: float) -> str:
+        """``hit``: the client left while its revision was being opened; ``late``: after it was
+        opened (the version's request ran and was aborted); ``early``: before its open was
+        sent (no version was made)."""
+        before, version = abandoned(), status(retire_server, "left").json()["version"]
+        asyncio.run(leave_while_opening(next(tries), delay))
         if abandoned() > before:
-            break
-    assert abandoned() > before, "no attempt left while its revision was being opened"
+            return "hit"
+        return "late" if status(retire_server, "left").json()["version"] > version else "early"
+
+    hunt_window(attempt)
     info = status(retire_server, "left").json()
     assert info["state"] == "active" and info["receipts_outstanding"] == 0, info
     after = complete(client, model, [*base, 7, 8, 9], 4, **scoped("left"))
@@ -193,28 +200,42 @@ def test_a_version_revoked_between_its_admission_and_its_request(
                 second: Any = await h.post(retire_server.scope_url(scope) + "/cancel")
         else:
             second = await complete(c, model, prompt(91, 70), 4, **scoped(scope))
-        result = await first, second
-        await busy
-        await c.close()
-        return result
+        try:
+            return await first, second
+        finally:
+            await busy
+            await c.close()
 
     expected = "cancelled" if action == "cancel" else "superseded"
-    outcomes = []
-    for attempt, delay in enumerate(REVOKE_DELAYS):
-        scope, base = f"revoked-{action}-{attempt}", prompt(92 + attempt, 130)
+    tries = itertools.count()
+
+    def attempt(delay: float) -> str:
+        """``hit``: the first revision was admitted and then revoked before its request ran a
+        step; ``late``: its request had run; ``early``: the cancel (or the second revision)
+        reached the authority before the first revision's open did."""
+        n = next(tries)
+        scope, base = f"revoked-{action}-{n}", prompt(92 + n, 130)
         complete(client, model, base, 4, **scoped(scope))  # four blocks to adopt
-        load = prompt(7000 + 10 * attempt + (action == "revise"), 3000)
-        first, second = asyncio.run(race(scope, base, load, delay))
-        outcomes.append((delay, first.choices[0].finish_reason, len(first.choices[0].text)))
+        load = prompt(7000 + 10 * n + (action == "revise"), 3000)
+        try:
+            first, second = asyncio.run(race(scope, base, load, delay))
+        except openai.APIStatusError as refused:  # the first revision's open found it cancelled
+            assert action == "cancel" and refused.status_code == 409, refused
+            return "early"
         if action == "cancel":
             assert second.status_code == 200, second.text
         else:
-            assert stamp(second) == (scope, 2) and second.choices[0].finish_reason == "length"
             assert cancel(retire_server, scope).status_code == 200
+            if stamp(second) == (scope, 1):  # the second revision came first
+                assert stamp(first) == (scope, 2)
+                return "early"
+            assert stamp(second) == (scope, 2) and second.choices[0].finish_reason == "length"
+        assert stamp(first) == (scope, 1)
         if first.choices[0].finish_reason == expected and first.choices[0].text == "":
-            break
-    else:
-        raise AssertionError(f"no attempt revoked the version before its request ran: {outcomes}")
+            return "hit"
+        return "late"
+
+    hunt_window(attempt, hi=0.1)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
