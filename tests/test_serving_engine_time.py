@@ -7,13 +7,20 @@ outermost hook returns; and the serving benchmark turns the counts into per-step
 from __future__ import annotations
 
 import io
+import json
 import threading
 from enum import Enum
 
 import pytest
 
 from retire_bench.serving import engine_share
-from retire_vllm.corelog import JsonLinesBuffer, json_lines_logger
+from retire_vllm.corelog import (
+    JsonLinesBuffer,
+    NullLogger,
+    encode,
+    json_default,
+    json_lines_logger,
+)
 from retire_vllm.serving.engine_side import _hook
 from retire_vllm.serving.records import ENGINE_HOOKS, EngineTime
 
@@ -91,7 +98,7 @@ def test_log_lines_are_written_when_the_outermost_hook_returns() -> None:
     side = _Side()
     side.outer()
     assert side.seen_inside == ""  # the nested hook did not write
-    line = '{"seq": 2, "trigger": "inner", "event": "retire.transition"}\n'
+    line = '{"seq":2,"trigger":"inner","event":"retire.transition"}\n'
     assert side.written.getvalue() == line
     with pytest.raises(RuntimeError):
         side.outer(fail=True)  # a hook that raises still writes what it logged
@@ -99,6 +106,20 @@ def test_log_lines_are_written_when_the_outermost_hook_returns() -> None:
     assert side.written.durable == 0  # lines of steps wait in the file's buffer
     side.utility()  # a utility call's answer: its lines (and all before) are handed on
     assert side.written.durable == 1 and side.written.getvalue().count("\n") == 3
+
+
+def test_a_hook_without_a_core_log_does_not_ask_whether_the_engine_went_idle() -> None:
+    side = _Side()
+    side.log = NullLogger()  # type: ignore[assignment]
+    side.running = 0
+    asked: list[bool] = []
+    side.idle = lambda: asked.append(True) or True  # type: ignore[method-assign]
+    side.outer()
+    side.utility()
+    assert asked == [] and side.written.durable == 0
+    side.log = JsonLinesBuffer(side.written)
+    side.outer()  # with a log, the commit asks (and the idle engine's lines are made durable)
+    assert asked == [True] and side.written.durable == 1
 
 
 def test_log_lines_are_made_durable_when_the_engine_goes_idle() -> None:
@@ -187,6 +208,22 @@ def test_the_buffer_writes_what_structlog_would() -> None:
     assert buffered.getvalue() == ""
     log.flush()
     assert buffered.getvalue() == direct.getvalue()
+
+
+def test_a_log_line_holds_the_values_json_would_write() -> None:
+    fields = {
+        "stage": _Stage.FENCE,
+        "pages": (3, 4),
+        "held": frozenset({5}),
+        "digest": b"\x01\xff",
+        "changed": {"epoch": 1, 2: "int key"},
+        "name": "caf\u00e9",
+        "key": 2**70,  # a block key may be any int: past 64 bits orjson refuses it
+    }
+    expected = json.loads(json.dumps(fields, default=json_default))
+    assert json.loads(encode(fields)) == expected
+    assert expected["key"] == 2**70 and expected["changed"] == {"epoch": 1, "2": "int key"}
+    assert encode({"seq": 1, "stage": _Stage.FENCE}) == '{"seq":1,"stage":"fence"}'
 
 
 def test_steps_count_from_their_schedule_to_their_commit_oldest_first() -> None:

@@ -24,9 +24,11 @@ import itertools
 import json
 import os
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+import orjson
 import structlog
 
 from .errors import IntegrationError
@@ -73,9 +75,19 @@ def json_default(value: Any) -> Any:
     return str(value)
 
 
-#: ``json.dumps(fields, default=json_default)`` -- the same text -- without building an encoder
-#: for every line.
-encode = json.JSONEncoder(default=json_default).encode
+_json_encode = json.JSONEncoder(default=json_default).encode
+_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS  # as ``json``: a non-string key becomes a string
+
+
+def encode(fields: Mapping[str, Any]) -> str:
+    """One core log line's JSON text: ``orjson`` (about 9x ``json``'s encoder over a 2,048-block
+    revision's 5,125 lines, 0.5 against 4.5 us a line: results.md 4.5), the same values as
+    ``json.dumps(fields, default=json_default)`` in compact form. An int past 64 bits (a block
+    key may be any int), which ``orjson`` refuses, takes ``json``'s encoder instead."""
+    try:
+        return orjson.dumps(fields, default=json_default, option=_ORJSON_OPTIONS).decode()
+    except orjson.JSONEncodeError:
+        return _json_encode(fields)
 
 
 class CoreLog:
@@ -140,6 +152,8 @@ __all__ = ["LOG_DIR_ENV", "CoreLog", "TraceRejected", "log_path_for", "unfinishe
 
 
 class NullLogger:
+    writes = False  # nothing to flush: a hook need not ask whether the engine went idle
+
     def flush(self, durable: bool = False) -> None:
         return None
 
@@ -159,6 +173,8 @@ class JsonLinesBuffer:
     structlog's logger does, releases the GIL on the engine core's busy loop a dozen times a step,
     and its other threads take it (results.md, section 8.5). A killed process loses at most the
     stream's buffer; what is on disk is a prefix of the log."""
+
+    writes = True
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -184,7 +200,7 @@ def json_lines_logger(stream: TextIO) -> Any:
     reads these)."""
     return structlog.wrap_logger(
         structlog.WriteLogger(stream),
-        processors=[structlog.processors.JSONRenderer(default=json_default, sort_keys=False)],
+        processors=[lambda _logger, _method, fields: encode(fields)],  # the renderer: ``encode``
     )
 
 

@@ -130,7 +130,7 @@ def _hook(
                     return method(*args, **kwargs)
                 finally:
                     try:
-                        if side._log_file is not None:  # else there is nothing to write
+                        if side.log.writes:  # else there is nothing to flush
                             side.log.flush(
                                 durable=hook == "utility" or (hook in MAY_GO_IDLE and side.idle())
                             )
