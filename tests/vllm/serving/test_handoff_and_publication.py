@@ -302,7 +302,7 @@ def test_a_revision_is_decided_while_the_old_versions_step_runs(
         return last, revised
 
     trials = 0
-    while trials < 18:
+    while trials < 18:  # a bound only: the first try is nearly always decided during a step
         last, revised = asyncio.run(revise(trials))
         trials += 1
         scope = f"early{trials - 1}"
