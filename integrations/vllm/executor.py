@@ -50,7 +50,7 @@ class CommandExecutor:
     """Carries out one core's commands, in the order they came. ``reqs`` and ``by_participant``
     are the host's maps of the requests it manages (request id -> request, participant ->
     request id); a request is either host's record of one (``rid``, ``scope``, ``version``,
-    ``participants``, ``adopted``, ``handoff_pins``, ``block_ids``, ``pages``, ``closed``,
+    ``participants``, ``adopted``, ``handoff_pins``, ``tables``, ``pages``, ``closed``,
     ``names`` and ``request``: see ``block_name``). The
     executor forgets a request once every participant delivered its receipt and it holds no
     page."""
@@ -209,7 +209,7 @@ class CommandExecutor:
         if ranks:
             # every page the request holds: its block tables, and the pages of a sliding-window
             # group its window has passed (vLLM dropped them from the table, the ledger keeps them)
-            blocks = sorted(observe.table_pages(req.block_ids, self.null_block) | set(req.pages))
+            blocks = sorted(req.tables.pages(self.null_block) | set(req.pages))
             answers = observe.rank_receipts(self.model_executor, req.rid, ranks, blocks)
             self.on_rank_receipts(req, answers)
         for participant in [*ranks, *(p for p in todo if p == req.rid)]:

@@ -12,6 +12,7 @@ import attrs
 from retire_core import Contract
 
 from .identity import OutputNames
+from .observe import BlockTables
 
 # --- what each version did ------------------------------------------------------------
 
@@ -121,7 +122,7 @@ class FacadeRequest:
     salt: str
     record: VersionRecord  # records[scope].version(version): a scope's log is never replaced
     adopted: tuple[tuple[int, ...], ...] = ()  # one block table per KV cache group
-    block_ids: list[list[int]] = attrs.field(factory=list)  # one table per KV cache group
+    tables: BlockTables = attrs.field(factory=BlockTables)  # vLLM's, one per KV cache group
     pages: list[int] = attrs.field(factory=list)
     handoff_pins: list[int] = attrs.field(factory=list)
     scheduled: bool = False

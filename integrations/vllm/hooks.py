@@ -58,6 +58,7 @@ _C, _F, _I, _M = Kind.CALLABLE, Kind.FIELD, Kind.INSTANCE_ATTR, Kind.MEMBER
 _ENGINE = "vllm.v1.engine.llm_engine"
 _CORE = "vllm.v1.engine.core"
 _SCHED = "vllm.v1.core.sched.scheduler"
+_STM = "vllm.v1.core.single_type_kv_cache_manager"
 _QUEUE = "vllm.v1.core.sched.request_queue"
 _KVC = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 _SO = "vllm.v1.core.sched.output"
@@ -281,11 +282,13 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(_COORD, "KVCacheCoordinator.get_blocks", _C, ("request_id",), "(a)"),
     Hook(_COORD, "KVCacheCoordinator.single_type_managers", _I, use="(a) one per KV cache group"),
     Hook(
-        "vllm.v1.core.single_type_kv_cache_manager",
+        _STM,
         "SingleTypeKVCacheManager.req_to_blocks",
         _I,
         use="(a) a request's block table in one group",
     ),
+    Hook(_STM, "FullAttentionManager", _M, use="(a) append-only lists (APPEND_ONLY_MANAGERS)"),
+    Hook(_STM, "SlidingWindowManager", _M, use="(a) append-only lists (APPEND_ONLY_MANAGERS)"),
     # --- KV cache groups: which blocks before a cut a successor reads (contract kv_windows) ---
     Hook(_SPEC, "KVCacheConfig.kv_cache_groups", _F, use="groups"),
     Hook(_SPEC, "KVCacheConfig.prefix_cache_retention_interval", _F, use="groups: dense"),

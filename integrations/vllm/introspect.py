@@ -120,21 +120,37 @@ def request_block_ids(engine: LLMEngine, request_id: str, group: int = 0) -> lis
     return list(kv_cache_manager(engine).get_block_ids(request_id)[group])
 
 
+#: The managers (by class name, exactly: a subclass may do more) whose per-request block list,
+#: between two schedules of the request, only grows at its end or turns entries into the null
+#: block (a sliding window passing them); a partial prefix hit's copy-on-write replaces a block
+#: within the call that first fills the list. Retire accepts only the groups these serve
+#: (``observe.kv_windows``).
+APPEND_ONLY_MANAGERS = frozenset({"FullAttentionManager", "SlidingWindowManager"})
+
+
+def manager_block_lists(kvm: Any, request_id: str) -> list[list[Any]]:
+    """The request's block list (``KVCacheBlock``) in every KV cache group: each group
+    manager's own list, not a copy (an empty new list where it holds none), so the caller can
+    tell by identity whether it is the list it read at an earlier step."""
+    return [
+        manager.req_to_blocks.get(request_id) or []
+        for manager in kvm.coordinator.single_type_managers
+    ]
+
+
+def append_only_groups(kvm: Any) -> tuple[bool, ...]:
+    """Per KV cache group, whether its manager is one of :data:`APPEND_ONLY_MANAGERS`."""
+    return tuple(
+        type(m).__name__ in APPEND_ONLY_MANAGERS for m in kvm.coordinator.single_type_managers
+    )
+
+
 def manager_block_tables(kvm: Any, request_id: str) -> list[list[int]]:
     """The request's block table in every KV cache group (``kvm.get_block_ids(request_id)``),
     read straight from each group's per-request block list instead of through a
-    ``KVCacheBlocks`` (the facade asks this for every scheduled request in every step). A
-    sliding-window group holds the null block (:func:`null_block_id`) where its window has
-    passed."""
-    try:
-        managers = kvm.coordinator.single_type_managers
-    except AttributeError:  # another vLLM layout: the public way
-        return [list(ids) for ids in kvm.get_block_ids(request_id)]
-    tables = []
-    for manager in managers:
-        blocks = manager.req_to_blocks.get(request_id)
-        tables.append([b.block_id for b in blocks] if blocks else [])
-    return tables
+    ``KVCacheBlocks``. A sliding-window group holds the null block (:func:`null_block_id`)
+    where its window has passed."""
+    return [[b.block_id for b in blocks] for blocks in manager_block_lists(kvm, request_id)]
 
 
 def null_block_id(kvm: Any) -> int:

@@ -44,9 +44,27 @@ class Managed(Protocol):
     scope: str
     version: int
     adopted: tuple[tuple[int, ...], ...]  # one block table per KV cache group
-    block_ids: list[list[int]]  # one block table per KV cache group
+    tables: BlockTables
     pages: list[int]
     scheduled: bool
+
+
+@attrs.define(slots=True)
+class BlockTables:
+    """A request's block table in every KV cache group as vLLM holds it: each group manager's
+    own list of blocks, held by reference (never copied), and how many of its entries had been
+    read when the request was last scheduled. A step then reads only what vLLM appended since
+    (``schedule_events``): a long context costs nothing per step."""
+
+    lists: list[list[Any]] = attrs.field(factory=list)
+    seen: list[int] = attrs.field(factory=list)
+
+    def pages(self, null: int) -> set[int]:
+        """The blocks in the tables (the null block is no page)."""
+        return {b.block_id for blocks in self.lists for b in blocks} - {null}
+
+    def __len__(self) -> int:
+        return sum(map(len, self.lists))
 
 
 class Retained(Protocol):
@@ -84,8 +102,14 @@ def schedule_events(
     the blocks it writes drafts into (complete only if ``verify_drafts`` says so after the
     commit). Every KV cache group is read: a position's block in each group is a page of that
     group, and the null block a sliding-window group puts where its window has passed is no page.
-    Updates each request's ``block_ids`` (one table per group) and ``scheduled``. Raises if vLLM
-    hands a request a block that is still retained for another."""
+    Updates each request's ``tables`` and ``scheduled``. Raises if vLLM hands a request a block
+    that is still retained for another.
+
+    A request's blocks are reported once, when they first appear in its tables. In a group
+    whose manager only appends to the list it read last time (``ix.APPEND_ONLY_MANAGERS``) they
+    are the entries past those it had read: O(the step's new blocks). Any other list (the first
+    schedule, one vLLM made anew after a preemption, another kind of manager) is read whole,
+    skipping the blocks the request already holds."""
     events: list[Event] = []
     allocations: list[tuple[Any, int, int, int]] = []
     writes: list[tuple[Any, int, int, bool]] = []
@@ -94,13 +118,14 @@ def schedule_events(
     claimed: dict[int, str] = {}  # block id -> request, for this step's allocations
     kvm = scheduler.kv_cache_manager
     null = ix.null_block_id(kvm)
+    append_only = ix.append_only_groups(kvm)
     requests = scheduler.requests
     spec_tokens: Mapping[str, Sequence[int]] = scheduler_output.scheduled_spec_decode_tokens
     for rid, n in scheduler_output.num_scheduled_tokens.items():
         req = reqs.get(rid)
         if req is None:
             continue
-        tables = ix.manager_block_tables(kvm, rid)
+        lists = ix.manager_block_lists(kvm, rid)
         request = requests[rid]
         end = int(request.num_computed_tokens)
         start = end - int(n)
@@ -108,20 +133,20 @@ def schedule_events(
         verified_end = end - len(spec_tokens.get(rid, ()))
         if not req.scheduled:
             req.scheduled = True
-            first_time.append((req, tables, start))
-        prev_tables = req.block_ids
+            first_time.append((req, [[b.block_id for b in blocks] for blocks in lists], start))
+        held = req.tables
         known: set[int] | None = None
-        for group, ids in enumerate(tables):
-            # Blocks already seen in the group's previous block table were reported then.
-            prev = prev_tables[group] if group < len(prev_tables) else []
-            first = len(prev) if ids[: len(prev)] == prev else 0
-            if first == len(ids):
-                continue
-            if known is None:
-                known = set(req.pages) | table_pages(req.adopted, null)
-            for idx in range(first, len(ids)):
-                bid = ids[idx]
-                if bid in known or bid == null:
+        for group, blocks in enumerate(lists):
+            skip: set[int] | None = None
+            if append_only[group] and group < len(held.lists) and blocks is held.lists[group]:
+                first = held.seen[group]  # vLLM only appended to this list since
+            else:
+                if known is None:
+                    known = set(req.pages) | table_pages(req.adopted, null)
+                first, skip = 0, known
+            for idx in range(first, len(blocks)):
+                bid = blocks[idx].block_id
+                if bid == null or (skip is not None and bid in skip):
                     continue
                 if bid in retained or bid in claimed:
                     owner = retained[bid].request if bid in retained else claimed[bid]
@@ -131,12 +156,12 @@ def schedule_events(
                 claimed[bid] = rid
                 events.append(PageAllocated(req.scope, req.version, rid, bid, idx, group))
                 allocations.append((req, bid, idx, group))
-        req.block_ids = tables
+        held.lists, held.seen = lists, [len(blocks) for blocks in lists]
         for idx in range(start // block_size, (end - 1) // block_size + 1):
             completes = end >= (idx + 1) * block_size
             draft = verified_end < end and (idx + 1) * block_size > verified_end
-            for ids in tables:
-                bid = ids[idx]
+            for blocks in lists:
+                bid = blocks[idx].block_id
                 events.append(WriteAttempted(req.scope, req.version, rid, bid, completes, draft))
                 writes.append((req, bid, idx, completes and not draft))
                 if draft:

@@ -669,8 +669,7 @@ class EngineSide:
             "requests": len(self.reqs),
             "participants": len(self.by_participant),
             "request_blocks": sum(
-                sum(map(len, r.block_ids)) + len(r.pages) + len(r.handoff_pins)
-                for r in self.reqs.values()
+                len(r.tables) + len(r.pages) + len(r.handoff_pins) for r in self.reqs.values()
             ),
             "admissions": len(self.admissions),
             "openings": len(self.opening),

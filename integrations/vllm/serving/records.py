@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from ..identity import OutputNames
+from ..observe import BlockTables
 
 
 @attrs.define
@@ -40,7 +41,7 @@ class ManagedRequest:
     client_index: int
     adopted: tuple[tuple[int, ...], ...] = ()  # one block table per KV cache group
     handoff_pins: list[int] = attrs.field(factory=list)
-    block_ids: list[list[int]] = attrs.field(factory=list)  # one table per KV cache group
+    tables: BlockTables = attrs.field(factory=BlockTables)  # vLLM's, one per KV cache group
     pages: list[int] = attrs.field(factory=list)
     scheduled: bool = False
     closed: set[str] = attrs.field(factory=set)
