@@ -1,17 +1,18 @@
 """KV-pool pressure over HTTP: concurrent streams through a pool too small for all of them at
 once, stock vLLM's OpenAI server against ``retire serve``, same model and engine options.
 
-``python -m retire_bench.pressure [--blocks 24] [--streams 3 5] [--json PATH]`` starts each
-server in turn on the tiny default model with a KV pool of ``--blocks`` blocks, and for each
-stream count opens that many greedy completion streams at once (``--prompt`` tokens each, new
-random prompts, ``--output`` tokens out, EOS ignored; Retire's on scopes of their own), each
-bounded by ``--stream-timeout`` seconds. When their blocks outgrow the pool vLLM preempts a
-request: it frees the request's blocks and computes them again later. Reported per server and
-stream count: the streams that ended with every token, the tokens received, the wall time,
-vLLM's preemption count (stock: its metric) and, for ``retire serve``, what its ledger still
-retains once the clients are done and how many blocks are free after the scopes are cancelled.
-Measured here because it is where Retire's retention of a running version's pages meets vLLM's
-preemption (docs/design-preemption.md); a table and the JSON. Not here: revisions (``serving``).
+``python -m retire_bench.pressure [--blocks 24] [--streams 3 5] [--json PATH]`` starts each server
+in turn on the tiny default model with a KV pool of ``--blocks`` blocks, and for each stream count
+opens that many greedy completion streams at once (``--prompt`` tokens each, new random prompts,
+``--output`` tokens out, EOS ignored; Retire's on scopes of their own), each bounded by
+``--stream-timeout`` seconds. When their blocks outgrow the pool vLLM preempts a request: it frees
+the request's blocks and computes them again later. Reported per server and stream count: the
+streams that ended with every token, the tokens received, the wall time, vLLM's preemption count
+(stock: its metric; Retire: ``retire_preemptions_total``) and, for ``retire serve``, how many
+finished texts equal stock vLLM's (greedy, the same prompts), what its ledger still retains once the
+clients are done and how many blocks are free after the scopes are cancelled. Measured here because
+it is where Retire's retention of a running version's pages meets vLLM's preemption
+(docs/design-preemption.md); a table and the JSON. Not here: revisions (``serving``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ async def _round(
     finished = 0
     timed_out = 0
     chunks = 0
+    texts: list[str | None] = [None] * streams  # a stream's whole text, once it finished
 
     async def one(i: int) -> None:
         nonlocal finished, timed_out, chunks
@@ -57,11 +59,14 @@ async def _round(
                     extra_body={"ignore_eos": True, **body},
                 )
                 usage = None
+                text: list[str] = []
                 async for chunk in stream:
                     chunks += 1
                     usage = chunk.usage or usage
+                    text.extend(c.text for c in chunk.choices)
                 if usage is not None and usage.completion_tokens == args.output:
                     finished += 1
+                    texts[i] = "".join(text)
         except TimeoutError:
             timed_out += 1
         finally:
@@ -78,12 +83,15 @@ async def _round(
         "timed_out": timed_out,
         "chunks": chunks,
         "wall_s": wall,
+        "texts": texts,
     }
 
 
 def _preemptions(server: Server) -> float | None:
+    """vLLM's preemption count (stock), or Retire's of its scoped requests (``retire serve``
+    disables vLLM's log stats, and with them that metric)."""
     for line in HTTP.get(f"{server.base}/metrics").text.splitlines():
-        if line.startswith("vllm:num_preemptions_total"):
+        if line.startswith(("vllm:num_preemptions_total", "retire_preemptions_total")):
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -103,6 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for seed, streams in enumerate(args.streams):
                     before = _preemptions(server)
                     row = asyncio.run(_round(server, streams, args, seed, name == "retire"))
+                    time.sleep(2.0)  # vLLM's metrics lag its steps: let the last ones land
                     after = _preemptions(server)
                     row["server"] = name
                     row["preemptions"] = None if before is None or after is None else after - before
@@ -113,6 +122,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         server.release_all()  # cancel: what the scopes hold is given back
                         server.check_clean()
                         row["free_blocks_after_cancel"] = server.leaks()["free_blocks"]
+                    if name == "retire":  # the same prompts went to stock vLLM: greedy, so
+                        stock = next(r for r in rows if r["streams"] == streams)  # same text
+                        row["same_text_as_stock"] = sum(
+                            t is not None and t == s
+                            for t, s in zip(row["texts"], stock["texts"], strict=True)
+                        )
                     rows.append(row)
                     print(_line(row), flush=True)
             finally:
@@ -134,6 +149,8 @@ def _line(row: dict[str, Any]) -> str:
             f"(free {row['free_blocks_after_clients']}), free after cancel "
             f"{row['free_blocks_after_cancel']}"
         )
+    if "same_text_as_stock" in row:
+        extra += f", same text as stock {row['same_text_as_stock']} of {row['streams']}"
     pre = "-" if row["preemptions"] is None else f"{row['preemptions']:.0f}"
     return (
         f"  {row['server']:>6} {row['streams']} streams: {row['finished']} finished, "

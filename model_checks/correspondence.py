@@ -47,6 +47,9 @@ def core_event(
     if n == "finish":
         s, v = a
         return rc.VersionFinished(u.scopes[s], v)
+    if n == "preempt":
+        s, v = a
+        return rc.VersionPreempted(u.scopes[s], v)
     if n == "receipt" or n == "receipt_again":
         (q,) = a
         s, v = launched[q]
@@ -107,7 +110,7 @@ def spec_instance(t: rc.Transition, uni: Universe, event: Any) -> ActionInstance
     if n in ("open", "supersede"):
         context = spec_context(event.context, u.bounds.positions)
         return ActionInstance(n, (s, context, event.contract.allows_reuse))
-    if n in ("pause", "unpause", "cancel", "resume", "finish", "forget"):
+    if n in ("pause", "unpause", "cancel", "resume", "finish", "preempt", "forget"):
         return ActionInstance(n, (s,))
     if n == "launch":
         return ActionInstance(n, (u.part_slot(t.arg("participant")), s, t.version))

@@ -2,16 +2,16 @@
 
 ``env_moves`` lists, for the current joint state of a ``Lockstep``, every legal move: user requests
 (open, supersede, pause, unpause, cancel, forget), engine behaviour (launch, receipt, a version's
-end reported for the current or an older version, emit a frame, deliver any in-flight frame in any
-order, allocate, attempt a write anywhere — including into pages the writer does not own — of
-verified or (``Budget.drafts``) of speculative draft tokens, verify a page's drafts (accepted,
-rejected, repeated or late), close a writer, evict a page given back to its cache, corrupt a
-retained page, recycle a retained block id) and the engine's answer to a pending byte check. The
-engine obeys the core's commands (``engine``): it launches a participant only for a version an
-``Admit`` started and no ``Fence`` stopped since (a version that lost authority before any of its
-participants started was never fenced: its request may still arrive, late; a pause may have
-overtaken it too), and allocates only pages the core's ``Free`` gave back (or never had); only the
-budgeted faults break its word. ``Budget`` bounds the moves that would otherwise make the world
+end or its preemption reported for the current or an older version, emit a frame, deliver any
+in-flight frame in any order, allocate, attempt a write anywhere — including into pages the writer
+does not own — of verified or (``Budget.drafts``) of speculative draft tokens, verify a page's
+drafts (accepted, rejected, repeated or late), close a writer, evict a page given back to its cache,
+corrupt a retained page, recycle a retained block id) and the engine's answer to a pending byte
+check. The engine obeys the core's commands (``engine``): it launches a participant only for a
+version an ``Admit`` started and no ``Fence`` stopped since (a version that lost authority before
+any of its participants started was never fenced: its request may still arrive, late; a pause may
+have overtaken it too), and allocates only pages the core's ``Free`` gave back (or never had); only
+the budgeted faults break its word. ``Budget`` bounds the moves that would otherwise make the world
 infinite (revisions per scope, faults). The Hypothesis state machine and the explorer both draw from
 this one list.
 """
@@ -46,6 +46,9 @@ class Budget:
     pause: bool = True
     cancel: bool = True
     finish: bool = True  # the engine reports versions finished (current and late ones)
+    # the engine reports versions preempted (current and late ones): a preempted version's
+    # pages are dropped, and it runs again as new participants
+    preempt: bool = True
     # forgetting cancelled scopes: a forgotten scope can open again, and every new incarnation
     # allocates pages anew, so generations grow without bound; runs bounded by their length
     # (Hypothesis) take it, the exhaustive explorer does not
@@ -73,6 +76,8 @@ class _Table:
     cancel: tuple[ActionInstance, ...]
     forget: tuple[ActionInstance, ...]
     finish: tuple[tuple[ActionInstance, ...], ...]  # [s][v]
+    preempt: tuple[tuple[ActionInstance, ...], ...]  # [s][v]
+    preempt_now: tuple[ActionInstance, ...]  # [s]: the spec's action (the current version)
     report: tuple[ActionInstance, ...]
     launch: tuple[tuple[tuple[ActionInstance, ...], ...], ...]  # [q][s][v]
     receipt: tuple[ActionInstance, ...]
@@ -103,6 +108,8 @@ def _table(b: Bounds, budget: Budget) -> _Table:
         cancel=tuple(A("cancel", (s,)) for s in S),
         forget=tuple(A("forget", (s,)) for s in S),
         finish=tuple(tuple(A("finish", (s, v)) for v in range(b.max_epoch + 1)) for s in S),
+        preempt=tuple(tuple(A("preempt", (s, v)) for v in range(b.max_epoch + 1)) for s in S),
+        preempt_now=tuple(A("preempt", (s,)) for s in S),
         report=tuple(A("report", (s,)) for s in S),
         launch=tuple(
             tuple(tuple(A("launch", (q, s, v)) for v in range(b.max_epoch + 1)) for s in S)
@@ -161,6 +168,12 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
         if budget.finish:
             # the current version's end, or a late (repeated, or superseded) report of one
             moves.extend(t.finish[s][: epochs[s] + 1])
+        if budget.preempt:
+            # a late report for an older version or an ended scope's; the current one's once
+            # the engine can send it (its receipts in, its writers closed: the spec's ``preempt``)
+            moves.extend(t.preempt[s][: epochs[s]])
+            if mode in (CANCELLED, FINISHED) or ls.spec_enabled(t.preempt_now[s]):
+                moves.append(t.preempt[s][epochs[s]])
         if s in pending:
             moves.append(t.report[s])
     used, closed = cells[_USED], cells[_CLOSED]

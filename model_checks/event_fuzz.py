@@ -1,23 +1,22 @@
 """Hostile core events shaped like real traces: a refused event raises and changes nothing.
 
-``run_trace`` drives one ``retire_core.Retire`` through an engine trace synthesized from the
-core's own state, step by step: what an engine would plausibly report next (submits, launches,
-page allocations and writes (of verified or of speculative draft tokens), the verification of
-drafts (also repeated or late), writer closures, frames of current and retired versions, revisions
-in bursts, receipts, byte-check reports, finishes, evictions, cancels and forgets). With the
-plan's probability each event is mutated instead (a wrong scope, version, participant, page or
-digest; a version from the future or the past; a replay of an earlier event, duplicated or out
-of order; an unknown scope; an empty, over-long or non-ASCII id; a value of the wrong type; a
-report that misses, repeats or invents a page; a request its scope's state refuses; an object
-that is no event at all; odd values the validators pass), or a batch is sent with one such
-event in the middle. Every event is checked: it is accepted, or it raises a ``RetireError`` (a
-non-event: the core's own ``TypeError``) and the core's state is the same object with the same
-contents (pickled before and after), with no transition or log line; an event the validators
-refuse at construction must fail with a ``RetireError`` or attrs' ``TypeError``. A batch must
-end exactly where its events one by one (``retire_core.step``) end, or raise the same error as
-the first refused one and change nothing. A violation raises ``FuzzFailure``. ``Plan`` is what
-Hypothesis draws for one trace (``tests/test_core_event_fuzz.py``); ``Tally`` counts events and
-outcomes.
+``run_trace`` drives one ``retire_core.Retire`` through an engine trace synthesized from the core's
+own state, step by step: what an engine would plausibly report next (submits, launches, page
+allocations and writes (of verified or of speculative draft tokens), the verification of drafts
+(also repeated or late), writer closures, frames of current and retired versions, revisions in
+bursts, receipts, byte-check reports, finishes, preemptions, evictions, cancels and forgets). With
+the plan's probability each event is mutated instead (a wrong scope, version, participant, page or
+digest; a version from the future or the past; a replay of an earlier event, duplicated or out of
+order; an unknown scope; an empty, over-long or non-ASCII id; a value of the wrong type; a report
+that misses, repeats or invents a page; a request its scope's state refuses; an object that is no
+event at all; odd values the validators pass), or a batch is sent with one such event in the middle.
+Every event is checked: it is accepted, or it raises a ``RetireError`` (a non-event: the core's own
+``TypeError``) and the core's state is the same object with the same contents (pickled before and
+after), with no transition or log line; an event the validators refuse at construction must fail
+with a ``RetireError`` or attrs' ``TypeError``. A batch must end exactly where its events one by one
+(``retire_core.step``) end, or raise the same error as the first refused one and change nothing. A
+violation raises ``FuzzFailure``. ``Plan`` is what Hypothesis draws for one trace
+(``tests/test_core_event_fuzz.py``); ``Tally`` counts events and outcomes.
 """
 
 from __future__ import annotations
@@ -320,6 +319,21 @@ class _Trace:
         s = self.rng.choice(ok)
         return rc.VersionFinished(s, state.scopes[s].epoch)
 
+    def _preempt(self, state: CoreState) -> Any:
+        """A preemption report for a current version whose participants all delivered their
+        receipts (refused while one of its pages' writers is still open)."""
+        ok = [
+            s
+            for s, r in state.scopes.items()
+            if r.has_authority(r.epoch)
+            and any(q.version == r.epoch for q in r.participants.values())
+            and not r.running(r.epoch)
+        ]
+        if not ok:
+            return None
+        s = self.rng.choice(ok)
+        return rc.VersionPreempted(s, state.scopes[s].epoch)
+
     def _evict(self, state: CoreState) -> Any:
         cached = [p for p, r in state.pages.items() if not r.held and not r.pinned]
         if not cached:
@@ -599,9 +613,10 @@ _MOVES: tuple[Callable[[_Trace, CoreState], Any], ...] = (
     _Trace._report,
     _Trace._finish,
     _Trace._evict,
+    _Trace._preempt,
 )
 # Frames and writes dominate real traces; revisions come in bursts.
-_WEIGHTS = (4, 3, 2, 7, 10, 25, 10, 14, 5, 10, 10, 4, 8)
+_WEIGHTS = (4, 3, 2, 7, 10, 25, 10, 14, 5, 10, 10, 4, 8, 4)
 _MUTATIONS: dict[str, Callable[[_Trace, CoreState], Any]] = {
     name: getattr(_Trace, f"_m_{name}") for name in FAMILIES
 }

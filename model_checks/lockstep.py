@@ -317,13 +317,13 @@ class Lockstep:
         if inst.name == "attempt_write" or inst.name == "attempt_draft":
             q = inst.args[1]
             return bool(self.spec["part_used"][q] and not self.spec["part_closed"][q])
-        if inst.name == "finish":
+        if inst.name == "finish" or inst.name == "preempt":
             # a report for a version without authority is legal (logged as late); one for the
-            # current version is legal when the spec's ``finish`` is
+            # current version is legal when the spec's action is
             s, v = inst.args
             retired = v < self.spec["scope_epoch"][s]
             ended = self.spec["scope_mode"][s] in (CANCELLED, FINISHED)
-            return retired or ended or self.spec_enabled(ActionInstance("finish", (s,)))
+            return retired or ended or self.spec_enabled(ActionInstance(inst.name, (s,)))
         return self.spec_enabled(inst)
 
     def receipt_again(self, inst: ActionInstance) -> Outcome:

@@ -70,6 +70,24 @@ def _finish_without_fence(txn: Any, ev: rc.VersionFinished) -> None:
     _reclaim(txn, ev.scope)  # what still runs of the version is never told to stop
 
 
+def _preempt_while_running(txn: Any, ev: rc.VersionPreempted) -> None:
+    rec = txn.scopes[ev.scope]
+    if not rec.has_authority(ev.version):
+        return
+    for p in list(txn.owned_pages(ev.scope)):  # without waiting for the version's receipts
+        page = txn.rpages[p]
+        if page.version == rec.epoch and page.held and not page.writer_open:
+            txn.pages[p] = evolve_record(page, held=False)
+    txn.record("preempt", rc.Stage.RECLAIM, ev.scope, rec.epoch)
+    _reclaim(txn, ev.scope)
+
+
+def _preempt_keeping_pages(txn: Any, ev: rc.VersionPreempted) -> None:
+    rec = txn.scopes[ev.scope]
+    if rec.has_authority(ev.version) and not rec.running(rec.epoch):
+        txn.record("preempt", rc.Stage.RECLAIM, ev.scope, rec.epoch)  # but the pages stay held
+
+
 def _forget_keeping_record(txn: Any, ev: rc.Forget) -> None:
     rec = txn.scopes[ev.scope]
     txn.record("forget", rc.Stage.CONTROL, ev.scope, rec.epoch)  # but the record stays
@@ -538,6 +556,22 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "a version reported finished while a participant of it still runs is not fenced",
         (_C["control"],),
         _handler(rc.VersionFinished, _finish_without_fence),
+    ),
+    Mutant(
+        "preempt_while_running",
+        "preempt before receipts",
+        "core",
+        "a preemption report drops the version's pages while a participant of it still runs",
+        (_C["control"],),
+        _handler(rc.VersionPreempted, _preempt_while_running),
+    ),
+    Mutant(
+        "preempt_keeps_pages",
+        "leak (preempt)",
+        "core",
+        "a preempted version's pages keep their reference: vLLM's preemption frees nothing",
+        (_C["control"],),
+        _handler(rc.VersionPreempted, _preempt_keeping_pages),
     ),
     Mutant(
         "forgotten_scope_kept",

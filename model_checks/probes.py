@@ -23,6 +23,7 @@ CORE_TRANSITIONS = (
     "transition:fence",
     "transition:late_report",
     "transition:late_finish",
+    "transition:late_preempt",
     "transition:stale_verify",
 )
 ENV_MOVES = tuple(
@@ -34,6 +35,7 @@ ENV_MOVES = tuple(
         "unpause",
         "cancel",
         "finish",
+        "preempt",
         "launch",
         "receipt",
         "receipt_again",
@@ -70,6 +72,8 @@ REASONS = (
     f"fence:{_D.VERSION_FINISHED}",
     f"late_finish:{_D.VERSION_FINISHED}",
     f"late_finish:{_D.RETIRED_DRAINING}",
+    f"late_preempt:{_D.VERSION_FINISHED}",
+    f"late_preempt:{_D.RETIRED_DRAINING}",
 )
 PATHS = (
     "path:cold_resume",  # a successor admitted cold (no reuse, or nothing certifiable)
@@ -86,6 +90,7 @@ PATHS = (
     "path:quiescent",  # a state with nothing left to complete (checked against QUIESCENCE)
     "path:finish_frees_pages",  # a version's end frees what no revision could inherit
     "path:finish_caches_pages",  # ... and gives its completed pages back to the engine's cache
+    "path:preempt_frees_pages",  # a preempted version's pages go back; it keeps authority
     "path:revise_after_finish",  # a finished scope revised: the next version starts
     "path:drafts_rejected",  # a verification rejects drafts: the page is incomplete again
     "path:drafts_rolled_back",  # a writer closes over unverified drafts: they are rolled back
@@ -124,6 +129,8 @@ def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
             hits.append("path:adopt_second_group")
     if "adopt" in actions and "release" in actions:
         hits.append("path:partial_adoption")
+    if "preempt" in actions and "free" in actions:
+        hits.append("path:preempt_frees_pages")
     if "finish" in actions and "free" in actions:
         hits.append("path:finish_frees_pages")
     if "finish" in actions and any(isinstance(c, rc.ReleaseToCache) for c in out.commands):

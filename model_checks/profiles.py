@@ -29,7 +29,12 @@ from retire_spec.schema import BEYOND, Bounds
 TOKEN_ONLY = (0,)
 ALL_KINDS = (0, 1, 2)
 
-_NO_CONTROL: dict[str, Any] = {"pause": False, "cancel": False, "finish": False}
+_NO_CONTROL: dict[str, Any] = {
+    "pause": False,
+    "cancel": False,
+    "finish": False,
+    "preempt": False,
+}
 
 # Speculative decoding: draft writes, verification accepted, rejected, repeated and late,
 # writers closing over unverified drafts, across chains of two revisions with handoffs and a

@@ -210,6 +210,11 @@ class ProofReport:
 # --- induction ---------------------------------------------------------------------------------
 
 
+#: The bounded universe of ``prove``'s last search for a trace to a property a CTI left unknown:
+#: two of each sort (two scopes, as a cross-tenant bug needs).
+FALLBACK_SIZES = {"Scope": 2, "Part": 2, "Frame": 2, "Page": 2}
+
+
 def _solver(timeout_ms: int) -> z3.Solver:
     s = z3.Solver()
     s.set("timeout", timeout_ms)
@@ -300,11 +305,18 @@ def prove(
             status[name] = VIOLATED
     else:
         # A query over every property at once can come back unknown where one over a single
-        # property decides: look for a trace to each property a CTI left unknown, alone.
+        # property decides: look for a trace to each property a CTI left unknown, alone; and
+        # since model finding with quantifiers can give up ("unknown", well before the timeout,
+        # depending on the names of its variables), then in a bounded universe, where the
+        # queries are quantifier-free and decided (a trace found there is a real trace).
         for p in props:
             if status[p.name] != UNKNOWN:
                 continue
             found, _ = bmc([p], actions, bmc_depth, timeout_ms, replay=replay)
+            if found is None:
+                found, _ = bmc(
+                    [p], actions, bmc_depth, timeout_ms, replay=replay, sizes=FALLBACK_SIZES
+                )
             if found is not None:
                 status[p.name] = VIOLATED
                 trace, bmc_status = trace or found, "violated"

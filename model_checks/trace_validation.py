@@ -15,10 +15,10 @@ deduplicated). Each logged transition must be allowed by the spec's guard in at 
 state, every invariant must hold afterwards, and the logged fields the spec determines (generations,
 versions, the certified digest, inheritability) must agree with it, and an adopted page's reported
 digest must be the one its writer closed with; stutters (``fence``, ``late_report``,
-``late_finish``) must concern a version without authority, and a ``stale_verify`` a tracked page
-holding no drafts under an open writer. The first line at which no candidate
-survives is reported with the reason. What does not live here: the structlog configuration (the
-caller's) and the CLI (``cli_checks``).
+``late_finish``, ``late_preempt``) must concern a version without authority, and a ``stale_verify``
+a tracked page holding no drafts under an open writer. The first line at which no candidate survives
+is reported with the reason. What does not live here: the structlog configuration (the caller's) and
+the CLI (``cli_checks``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from retire_spec.schema import (
 
 EVENT = "retire.transition"
 KINDS = {"token": FRAME_KINDS[0], "commit": FRAME_KINDS[1], "install": FRAME_KINDS[2]}
-STUTTERS = frozenset({"fence", "late_report", "late_finish", "stale_verify"})
+STUTTERS = frozenset({"fence", "late_report", "late_finish", "late_preempt", "stale_verify"})
 KNOWN = frozenset(ACTION_BY_NAME) - {"emit", "corrupt"} | STUTTERS
 
 
@@ -221,7 +221,7 @@ class Validator:
         A = ActionInstance
         if t in ("open", "supersede"):
             return [A(t, (self._scope(r), self._ctx(r), bool(r.need("reuse"))))]
-        if t in ("pause", "unpause", "cancel", "resume", "finish", "forget"):
+        if t in ("pause", "unpause", "cancel", "resume", "finish", "preempt", "forget"):
             return [A(t, (self._scope(r),))]
         if t == "launch":
             return [A(t, (self._part(r), self._scope(r), int(r.need("version"))))]
@@ -384,6 +384,7 @@ class Validator:
             "cancel",
             "resume",
             "finish",
+            "preempt",
             "certify",
             "adopt",
         ):

@@ -66,6 +66,7 @@ from retire_core.events import (
     Supersede,
     Unpause,
     VersionFinished,
+    VersionPreempted,
     WriteAttempted,
     WriterClosed,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "Unpin",
     "UnpinReason",
     "VersionFinished",
+    "VersionPreempted",
     "WriteAttempted",
     "WriterClosed",
     "step",

@@ -3,10 +3,9 @@
 Each event is a frozen attrs class with slots. User requests: ``Submit``, ``Supersede``, ``Pause``,
 ``Unpause``, ``Cancel``, ``Forget``. Engine observations: ``ParticipantStarted``, ``Receipt``,
 ``FrameArrived``, ``PageAllocated``, ``WriteAttempted``, ``DraftsVerified``, ``WriterClosed``,
-``AdoptionReport``,
-``PageReused``, ``PageEvicted``, ``VersionFinished``. Field validation (ids, contexts) happens here,
-at construction, so a malformed event never reaches the state machine. What the core answers lives
-in ``commands``.
+``AdoptionReport``, ``PageReused``, ``PageEvicted``, ``VersionFinished``, ``VersionPreempted``.
+Field validation (ids, contexts) happens here, at construction, so a malformed event never reaches
+the state machine. What the core answers lives in ``commands``.
 """
 
 from __future__ import annotations
@@ -266,6 +265,17 @@ class VersionFinished:
 
 
 @attrs.frozen(slots=True)
+class VersionPreempted:
+    """The engine preempted the version's work to make room (vLLM's preemption: it dropped
+    every reference to the version's pages and will compute the version again from the start,
+    as new participants). Reported once every participant of it has delivered its receipt and
+    every writer of its pages has closed. The version keeps its authority; its pages are freed."""
+
+    scope: ScopeId = attrs.field(validator=_scope)
+    version: Version = attrs.field(validator=_version)
+
+
+@attrs.frozen(slots=True)
 class PageReused:
     """The engine observed a retained page's block id being recycled underneath the core."""
 
@@ -290,6 +300,7 @@ Event = (
     | PageReused
     | PageEvicted
     | VersionFinished
+    | VersionPreempted
 )
 SCOPE_EVENTS: tuple[type, ...] = (
     Submit,
@@ -305,5 +316,6 @@ SCOPE_EVENTS: tuple[type, ...] = (
     WriteAttempted,
     AdoptionReport,
     VersionFinished,
+    VersionPreempted,
 )
 PAGE_EVENTS: tuple[type, ...] = (DraftsVerified, WriterClosed, PageReused, PageEvicted)

@@ -39,6 +39,7 @@ from retire_core.events import (
     Supersede,
     Unpause,
     VersionFinished,
+    VersionPreempted,
     WriteAttempted,
     WriterClosed,
 )
@@ -208,6 +209,50 @@ def on_version_finished(txn: Txn, ev: VersionFinished) -> None:
     txn.scopes[ev.scope] = evolve(rec, state=ScopeState.FINISHED)
     txn.record("finish", Stage.RECLAIM, ev.scope, rec.epoch, changed={"state": ScopeState.FINISHED})
     _fence_running(txn, ev.scope, below=rec.epoch + 1)
+    reclaim.reclaim(txn, ev.scope)
+
+
+def on_version_preempted(txn: Txn, ev: VersionPreempted) -> None:
+    """The engine preempted the current version's work and dropped its references to the
+    version's pages: they lose their execution reference (RECLAIM frees them), the version keeps
+    its authority and runs again as new participants. Legal once every participant of the
+    version has delivered its receipt (at least one started) and every writer of its pages has
+    closed: the engine vouches that nothing of it reads or writes them any more. A report for a
+    version without authority changes nothing (late: its pages are reclaimed as usual)."""
+    rec = txn.scopes[ev.scope]
+    _no_future(rec, ev.scope, ev.version, "VersionPreempted")
+    if not rec.has_authority(ev.version):
+        if ev.version == rec.epoch and rec.state is ScopeState.ALIGNING:
+            raise IllegalTransitionError(
+                rec.state.value, "VersionPreempted", f"version {ev.version} was never admitted"
+            )
+        why = classify_late(txn, ev.scope, ev.version)
+        txn.record("late_preempt", Stage.RECLAIM, ev.scope, ev.version, reason=why)
+        return
+    version = rec.epoch
+    if not any(r.version == version for r in rec.participants.values()):
+        raise IllegalTransitionError(
+            rec.state.value, "VersionPreempted", f"version {version} has no participant"
+        )
+    running = rec.running(version)
+    if running:
+        raise IllegalTransitionError(
+            rec.state.value,
+            "VersionPreempted",
+            f"participants {list(running)} of version {version} have delivered no receipt",
+        )
+    view = txn.rpages
+    mine = [p for p in txn.owned_pages(ev.scope) if view[p].version == version and view[p].held]
+    open_writers = sorted(p for p in mine if view[p].writer_open)
+    if open_writers:
+        raise IllegalTransitionError(
+            rec.state.value,
+            "VersionPreempted",
+            f"pages {open_writers} of version {version} still have open writers",
+        )
+    for p in mine:
+        txn.pages[p] = evolve(view[p], held=False)
+    txn.record("preempt", Stage.RECLAIM, ev.scope, version, pages=len(mine))
     reclaim.reclaim(txn, ev.scope)
 
 

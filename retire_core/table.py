@@ -49,6 +49,7 @@ from retire_core.events import (
     Supersede,
     Unpause,
     VersionFinished,
+    VersionPreempted,
     WriteAttempted,
     WriterClosed,
 )
@@ -163,6 +164,8 @@ TABLE = Table(
         # every state: a late or repeated report of a version without authority is logged, not
         # refused; only the admitted current version of an active or paused scope finishes
         **_each(ALL, VersionFinished, h.on_version_finished, {A: (F,), P: (F,)}),
+        # a preemption keeps the scope where it is; one of a version without authority is late
+        **_each(ALL, VersionPreempted, h.on_version_preempted),
         **_each(ALL, WriterClosed, h.on_writer_closed, _ALIGNED),
         **_each(ALL, PageReused, h.on_page_reused),
         **_each(ALL, PageEvicted, h.on_page_evicted),

@@ -1,13 +1,14 @@
 """Transition records: what one core step did, in the spec's vocabulary.
 
-Every state change the core makes is reported as one ``Transition`` whose ``action`` is the name
-of the spec action it implements (``publish``, ``certify``, ``adopt``, ``free`` ...), or a
-*stutter* that changes no abstract state but is still worth a log line (``fence`` asks the engine
-to stop retired work; ``late_report`` ignores a byte check for a superseded successor,
-``late_finish`` a finish report for a version that no longer holds authority, ``stale_verify``
-a verification of drafts that a page no longer holds: repeated, or after its writer closed). Each
-transition becomes exactly one structlog event, and the same records drive the refinement check
-and trace validation. The table of which events each scope state accepts lives in ``table``.
+Every state change the core makes is reported as one ``Transition`` whose ``action`` is the name of
+the spec action it implements (``publish``, ``certify``, ``adopt``, ``free`` ...), or a *stutter*
+that changes no abstract state but is still worth a log line (``fence`` asks the engine to stop
+retired work; ``late_report`` ignores a byte check for a superseded successor, ``late_finish`` a
+finish report for a version that no longer holds authority, ``late_preempt`` a preemption report for
+one, ``stale_verify`` a verification of drafts that a page no longer holds: repeated, or after its
+writer closed). Each transition becomes exactly one structlog event, and the same records drive the
+refinement check and trace validation. The table of which events each scope state accepts lives in
+``table``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Stage(enum.Enum):
     CONTROL = "control"
 
 
-STUTTERS = frozenset({"fence", "late_report", "late_finish", "stale_verify"})
+STUTTERS = frozenset({"fence", "late_report", "late_finish", "late_preempt", "stale_verify"})
 
 
 class Transition(NamedTuple):

@@ -2,12 +2,12 @@
 
 Every way the abstract state may change is listed in ``ACTIONS``: what a user asks for (open,
 supersede, pause, unpause, cancel, forget), what the engine does on its own (launch, emit, write
-attempts of verified or of speculative draft tokens, the verification of drafts, receipts, a
-version running to its end, cache evictions, page faults) and what the protocol decides (publish
-or drop a frame, fence a write, certify, adopt, release, resume, unhold, free). Guards and effects
-are functions of an interpretation, so the same text is evaluated concretely (refinement, trace
-validation, the explorers) and symbolically (the Z3 proofs). The rules
-they must respect are stated separately in ``rules`` and ``invariants``.
+attempts of verified or of speculative draft tokens, the verification of drafts, receipts, a version
+running to its end or preempted, cache evictions, page faults) and what the protocol decides
+(publish or drop a frame, fence a write, certify, adopt, release, resume, unhold, free). Guards and
+effects are functions of an interpretation, so the same text is evaluated concretely (refinement,
+trace validation, the explorers) and symbolically (the Z3 proofs). The rules they must respect are
+stated separately in ``rules`` and ``invariants``.
 """
 
 from __future__ import annotations
@@ -233,6 +233,60 @@ def finish_guard(I: Interp, st: SpecState, s: Val) -> Val:
 
 def finish_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
     return {"scope_mode": I.store(st["scope_mode"], s, I.lit(FINISHED))}
+
+
+def preempt_guard(I: Interp, st: SpecState, s: Val) -> Val:
+    """The engine preempted the admitted current version's work to make room: it dropped every
+    reference to the version's pages and will compute the version again as new participants.
+    It says so once every participant of the version has delivered its receipt (one at least
+    had started) and every writer of the version's pages has closed."""
+    v = I.get(st["scope_epoch"], s)
+    return I.and_(
+        _mode_is(I, st, s, ACTIVE, PAUSED),
+        I.get(st["scope_admitted"], s),
+        _version_drained(I, st, s, v),
+        I.exists(
+            "Part",
+            lambda q: I.and_(
+                I.get(st["part_used"], q),
+                I.eq(I.get(st["part_scope"], q), s),
+                I.eq(I.get(st["part_ver"], q), v),
+            ),
+        ),
+        I.forall(
+            "Page",
+            lambda p: I.not_(I.and_(_of_version(I, st, p, s, v), I.get(st["page_writer"], p))),
+        ),
+    )
+
+
+def _of_version(I: Interp, st: SpecState, p: Val, s: Val, v: Val) -> Val:
+    return I.and_(
+        I.get(st["page_alloc"], p),
+        I.eq(I.get(st["page_owner"], p), s),
+        I.eq(I.get(st["page_over"], p), v),
+    )
+
+
+def preempt_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
+    """The version's pages lose their execution reference (RECLAIM may free them); the version
+    keeps its authority."""
+    v = I.get(st["scope_epoch"], s)
+    ok = rules.version_closed(I, st, s, v)  # the rule, for every page the step drops
+
+    def dropped(p: Val) -> Val:
+        return I.and_(_of_version(I, st, p, s, v), I.get(st["page_held"], p))
+
+    return {
+        "page_held": I.update_where(
+            st["page_held"], "Page", lambda p, held: I.and_(held, I.not_(dropped(p)))
+        ),
+        "page_release_ok": I.update_where(
+            st["page_release_ok"],
+            "Page",
+            lambda p, was: I.and_(was, I.implies(dropped(p), ok)),
+        ),
+    }
 
 
 def receipt_guard(I: Interp, st: SpecState, q: Val) -> Val:
@@ -636,6 +690,7 @@ ACTIONS: tuple[Action, ...] = (
     _a("launch", "engine", "q:Part s:Scope v:Ver", launch_guard, launch_effect),
     _a("receipt", "engine", "q:Part", receipt_guard, receipt_effect),
     _a("finish", "engine", "s:Scope", finish_guard, finish_effect),
+    _a("preempt", "engine", "s:Scope", preempt_guard, preempt_effect),
     _a("emit", "engine", "f:Frame q:Part k:FrameKind", emit_guard, emit_effect),
     _a("allocate", "engine", "p:Page q:Part i:Pos", allocate_guard, allocate_effect),
     _a("write", "engine", "p:Page q:Part done:Bool", write_guard, write_effect),

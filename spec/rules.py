@@ -58,7 +58,12 @@ def coordinated_closure(I: Interp, st: SpecState, p: Val) -> Val:
     """Issue 17: page ``p`` may lose its execution reference (and so be freed, given back to
     the engine's cache, evicted or allocated to another owner) only once every participant of
     its version, on every rank, has delivered its receipt: none of them is still running."""
-    s, v = I.get(st["page_owner"], p), I.get(st["page_over"], p)
+    return version_closed(I, st, I.get(st["page_owner"], p), I.get(st["page_over"], p))
+
+
+def version_closed(I: Interp, st: SpecState, s: Val, v: Val) -> Val:
+    """``coordinated_closure`` for every page of version ``v`` of scope ``s`` at once: no
+    participant of that version is still running."""
     return I.not_(
         I.exists(
             "Part",

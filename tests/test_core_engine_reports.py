@@ -156,6 +156,38 @@ def _with_reasons(core: rc.Retire) -> list[tuple[str, int, dict[str, Any], str |
     return [(t.action, t.version, dict(t.changed), t.reason) for t in core.last_transitions]
 
 
+def test_a_preempted_version_gives_its_pages_back_and_runs_again_as_new_participants() -> None:
+    """``VersionPreempted``: refused (nothing changed) while a participant runs or a writer is
+    open; then every page of the version is freed, the scope keeps its state and authority, a
+    new participant starts and allocates; a report for a retired version is ``late_preempt``."""
+    core = _written(rc.Retire())
+    for closing in (None, rc.Receipt("s", 0, "a")):
+        if closing is not None:
+            core.handle(closing)
+        before = core.state
+        with pytest.raises(rc.IllegalTransitionError):
+            core.handle(rc.VersionPreempted("s", 0))  # "a" runs; then page 8's writer is open
+        assert core.state is before
+    core.handle(rc.WriterClosed(8, "d8"))
+    commands = core.handle(rc.VersionPreempted("s", 0))
+    assert commands == [rc.Free((7, 8))]
+    assert _with_reasons(core)[0] == ("preempt", 0, {}, None)
+    assert core.state.scopes["s"].state is ScopeState.ACTIVE and not core.state.pages
+    assert core.handle(rc.ParticipantStarted("s", 0, "a#1")) == []
+    core.handle(rc.PageAllocated("s", 0, "a#1", 7, 0))
+    assert core.handle(rc.WriteAttempted("s", 0, "a#1", 7, True)) == [rc.AllowWrite(7, "a#1")]
+    assert core.handle(rc.FrameArrived("s", 0, 0, rc.FrameKind.TOKEN))[0] == rc.Publish(
+        0, "s", 0, rc.FrameKind.TOKEN
+    )
+    core.handle(rc.Supersede("s", (1, 2)))
+    core.handle(rc.VersionPreempted("s", 0))  # superseded, "a#1" still running
+    assert _with_reasons(core) == [("late_preempt", 0, {}, "retired_draining")]
+    fresh = rc.Retire()
+    fresh.handle(rc.Submit("n", "t", "f", (1,)))
+    with pytest.raises(rc.IllegalTransitionError):  # no participant ever started
+        fresh.handle(rc.VersionPreempted("n", 0))
+
+
 def test_pause_finish_and_late_finishes_log_what_they_changed_and_why() -> None:
     core = rc.Retire()
     core.handle(rc.Submit("s", "t", "f", (1,)))

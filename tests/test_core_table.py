@@ -59,6 +59,7 @@ def _event(kind: type, state: rc.CoreState) -> Any:
             else rc.WriteAttempted("s0", epoch, "q3", 2)
         ),
         rc.VersionFinished: lambda: rc.VersionFinished("s0", epoch),
+        rc.VersionPreempted: lambda: rc.VersionPreempted("s0", epoch),
         rc.AdoptionReport: lambda: rc.AdoptionReport(
             "s0",
             epoch,
@@ -86,7 +87,7 @@ def test_table_covers_every_pair_it_names() -> None:
     # a page event is keyed on its page's owner: legal in every state of a submitted scope
     for kind in PAGE_EVENTS:
         assert {s for s, k in TABLE if k is kind} == set(rc.ScopeState)
-    assert len(CASES) == len(STATES) * len(SCOPE_EVENTS) == 78
+    assert len(CASES) == len(STATES) * len(SCOPE_EVENTS) == 84
 
 
 def test_the_next_states_are_the_moves_the_handlers_make() -> None:
@@ -164,6 +165,7 @@ def test_every_state_event_pair(state_name: str, kind: type) -> None:
             rc.WriteAttempted,
             rc.ParticipantStarted,
             rc.VersionFinished,  # the current version of an aligning scope was never admitted
+            rc.VersionPreempted,  # ... or its participants still run, or none ever started
             rc.Forget,  # a cancelled scope whose participant has not delivered its receipt
         )
         return

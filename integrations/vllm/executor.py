@@ -205,14 +205,15 @@ class CommandExecutor:
         self.close_writers(req.pages, read)
         req.request = None  # every writer is closed: nothing is named from its tokens again
         todo = [p for p in participants if p not in req.closed]
-        ranks = [p for p in todo if p != req.rid]
+        me = req.participants[0]  # the request's own participant; the others are its ranks'
+        ranks = [p for p in todo if p != me]
         if ranks:
             # every page the request holds: its block tables, and the pages of a sliding-window
             # group its window has passed (vLLM dropped them from the table, the ledger keeps them)
             blocks = sorted(req.tables.pages(self.null_block) | set(req.pages))
-            answers = observe.rank_receipts(self.model_executor, req.rid, ranks, blocks)
+            answers = observe.rank_receipts(self.model_executor, me, ranks, blocks)
             self.on_rank_receipts(req, answers)
-        for participant in [*ranks, *(p for p in todo if p == req.rid)]:
+        for participant in [*ranks, *(p for p in todo if p == me)]:
             req.closed.add(participant)
             self.on_receipt(req, participant)
             self.report(Receipt(req.scope, req.version, participant))

@@ -152,6 +152,13 @@ HOOKS: Final[tuple[Hook, ...]] = (
     ),
     Hook(_SCHED, "Scheduler.finish_requests", _C, ("request_ids", "finished_status"), "(f)"),
     Hook(_SCHED, "Scheduler.shutdown", _C, (), "serving: the core log's last lines"),
+    Hook(
+        _SCHED,
+        "Scheduler._preempt_request",
+        _C,
+        ("request", "timestamp", "drop_stale_output"),
+        "serving: a preemption drops the version's pages (VersionPreempted)",
+    ),
     Hook(_SCHED, "Scheduler.add_request", _C, ("request",), "(f)"),
     Hook(_SCHED, "Scheduler._free_request", _C, ("request", "delay_free_blocks"), "(f)"),
     Hook(_SCHED, "Scheduler._free_blocks", _C, ("request",), "(f)"),

@@ -43,6 +43,7 @@ class Managed(Protocol):
     rid: str
     scope: str
     version: int
+    participants: tuple[str, ...]  # the request's own first, then its ranks'
     adopted: tuple[tuple[int, ...], ...]  # one block table per KV cache group
     tables: BlockTables
     pages: list[int]
@@ -131,6 +132,7 @@ def schedule_events(
         start = end - int(n)
         # The step's last ``len(spec_tokens[rid])`` positions hold drafts.
         verified_end = end - len(spec_tokens.get(rid, ()))
+        me = req.participants[0]  # the request's own participant (a new one after a preemption)
         if not req.scheduled:
             req.scheduled = True
             first_time.append((req, [[b.block_id for b in blocks] for blocks in lists], start))
@@ -154,7 +156,7 @@ def schedule_events(
                         f"block {bid} handed to {rid} while it is still retained for {owner}"
                     )
                 claimed[bid] = rid
-                events.append(PageAllocated(req.scope, req.version, rid, bid, idx, group))
+                events.append(PageAllocated(req.scope, req.version, me, bid, idx, group))
                 allocations.append((req, bid, idx, group))
         held.lists, held.seen = lists, [len(blocks) for blocks in lists]
         for idx in range(start // block_size, (end - 1) // block_size + 1):
@@ -162,7 +164,7 @@ def schedule_events(
             draft = verified_end < end and (idx + 1) * block_size > verified_end
             for blocks in lists:
                 bid = blocks[idx].block_id
-                events.append(WriteAttempted(req.scope, req.version, rid, bid, completes, draft))
+                events.append(WriteAttempted(req.scope, req.version, me, bid, completes, draft))
                 writes.append((req, bid, idx, completes and not draft))
                 if draft:
                     drafts.append(DraftWrite(rid, request, bid, idx))

@@ -5,12 +5,17 @@ a two-block prompt: 400 blocks in all, more than twelve times the pool. Only bec
 finished version gives its blocks back to vLLM's prefix cache (no reference held) do they all
 run; vLLM evicts the oldest cached blocks to make room and reports each eviction to the core.
 Its own server keeps the core log short enough to validate at the end like every server test's.
+The same pool is too small for five long streams at once: vLLM preempts some of them, and each
+preemption must free the preempted version's pages at once (``VersionPreempted``), or nothing
+can run any more.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -62,3 +67,62 @@ def test_200_scopes_in_turn_do_not_fill_the_pool(small_server: RetireServer) -> 
     small_server.release_all()  # cancels them all: what is still cached is freed
     small_server.check_clean()
     c.close()
+
+
+PRESSURE_STREAMS = 5
+# 5 blocks a stream at first, 30 at the end: one stream alone fits the 31 usable blocks, any two
+# running together outgrow them (long enough to overlap however the five arrive)
+PRESSURE_PROMPT = 150
+PRESSURE_OUTPUT = 800
+
+
+def test_preempted_streams_run_again_and_finish_with_the_greedy_text(
+    small_server: RetireServer,
+) -> None:
+    """Five scoped streams that outgrow the pool together: vLLM preempts some (the counter says
+    it did), each preempted version's pages are freed at once and its request computes them
+    again under new participants, and every stream ends with all its tokens, the text the same
+    prompt gives alone (unscoped, one at a time, no pressure). The core log, with its
+    ``preempt`` transitions and the new participants' launches, is validated at the end."""
+    rng = random.Random(5)
+    prompts = [
+        [rng.randrange(10, 2000) for _ in range(PRESSURE_PROMPT)] for _ in range(PRESSURE_STREAMS)
+    ]
+    before = small_server.leaks()["counters"].get("preemptions", 0)
+
+    async def stream(client: Any, i: int) -> str:
+        async with asyncio.timeout(120):  # a stall fails here, not as a hung test
+            chunks = await client.completions.create(
+                model=small_server.model,
+                prompt=prompts[i],
+                max_tokens=PRESSURE_OUTPUT,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True, **scoped(f"pressure-{i}")},
+            )
+            return "".join([c.text async for chunk in chunks for c in chunk.choices])
+
+    async def all_at_once() -> list[str]:
+        client = small_server.openai(asynchronous=True)
+        try:
+            return list(await asyncio.gather(*(stream(client, i) for i in range(PRESSURE_STREAMS))))
+        finally:
+            await client.close()
+
+    texts = asyncio.run(all_at_once())
+    leaks = small_server.leaks()
+    assert leaks["counters"].get("preemptions", 0) > before, "the pool never ran out"
+    assert leaks["ledger_blocks"] == []  # every version finished and gave its pages back
+    c = small_server.openai()
+    for i, prompt in enumerate(prompts):
+        alone = c.completions.create(
+            model=small_server.model,
+            prompt=prompt,
+            max_tokens=PRESSURE_OUTPUT,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert texts[i] == alone.choices[0].text, f"stream {i}"
+    c.close()
+    small_server.release_all()
+    small_server.check_clean()

@@ -35,6 +35,10 @@ the commands it got back. Observation -> event:
 * a request finished from outside (the client went away: vLLM's abort) -> the same closure, but
   no ``VersionFinished``: the scope keeps its pages for the revision that usually follows.
 * vLLM hands out a block the core gave back to its cache -> ``PageEvicted``.
+* vLLM preempts a managed request (inside its schedule, to give a block to another) -> the same
+  closure, then ``VersionPreempted`` (the core frees the version's pages, so the blocks are free
+  for that very allocation); once the schedule returns, ``ParticipantStarted`` for the request's
+  new participants (it computes everything again, with no prefix hit).
 
 Command -> action: see ``executor`` (what both hosts do) and ``engine_commands`` (what this
 process adds: a fence's terminal output, an admission answering the pending ``open``).
@@ -66,6 +70,7 @@ from retire_core import (
     RetireError,
     ScopeState,
     VersionFinished,
+    VersionPreempted,
 )
 
 from .. import introspect as ix
@@ -172,6 +177,8 @@ class EngineSide:
         self._ending: list[int] = []
         self._drafts: list[observe.DraftWrite] = []  # the step's draft writes, until verified
         self._fencing: set[str] = set()  # requests this side is finishing itself
+        # requests vLLM preempted in this schedule: managed again (new participants) after it
+        self._preempted: list[ManagedRequest] = []
         # when the open being handled queued its first fence's terminal output (Server-Timing)
         self.first_fence_output: float | None = None
         self.counters: dict[str, int] = {}
@@ -390,7 +397,7 @@ class EngineSide:
             reason = wire.finish_reason(self.core.revocation(scope, version))
             self.finish_from_here(rid, request.client_index, reason)
             return
-        participants = (rid, *(f"{rid}/rank{r}" for r in range(self.tp) if self.tp > 1))
+        participants = self._participants(rid, 0)
         req = ManagedRequest(
             rid,
             scope,
@@ -412,6 +419,70 @@ class EngineSide:
         )
         started: list[Event] = [ParticipantStarted(scope, version, p) for p in participants]
         self.commands.run(self.decide(started))
+
+    def _participants(self, rid: str, preemptions: int) -> tuple[str, ...]:
+        """A request's participants: itself (renamed after each preemption: it runs again as a
+        new participant), then one per TP rank."""
+        head = rid if preemptions == 0 else f"{rid}#{preemptions}"
+        return (head, *(f"{head}/rank{r}" for r in range(self.tp) if self.tp > 1))
+
+    @_hook("schedule", boundary=False)  # inside vLLM's schedule, which is allocating blocks
+    def on_preempted(self, request: Any) -> None:
+        """vLLM preempted a managed request to make room: it dropped the request's blocks and
+        will compute it again from the start. Its writers close, its participants deliver their
+        receipts and the core hears ``VersionPreempted``: it frees the version's pages, so that
+        the allocation that preempted the request can have their blocks in this very schedule.
+        The request is managed again, under new participants, once the schedule returns
+        (``_restart_preempted``)."""
+        rid = request.request_id
+        req = self.reqs.get(rid)
+        if req is None or rid in self._fencing or len(req.closed) == len(req.participants):
+            return
+        self.count("preemptions")
+        # a step scheduled before this one may still be waiting for its commit (a batch queue):
+        # the blocks it completes or ends must not be closed then under a new owner
+        gone = set(req.pages)
+        self._completed = [b for b in self._completed if b not in gone]
+        self._ending = [b for b in self._ending if b not in gone]
+        self.commands.close_request(req, req.participants)
+        self.commands.run(self.decide([VersionPreempted(req.scope, req.version)]))
+        req.request = request
+        self._preempted.append(req)
+
+    def _restart_preempted(self) -> None:
+        """Each request preempted in the schedule that just returned is managed again under new
+        participants, with no prefix hit: the blocks cached on its hash chain are evicted (its
+        old pages went back to vLLM; under its version's cache salt no other request has that
+        chain), so it computes everything again into pages of its own. If its version lost
+        authority meanwhile, the core fences the new participants."""
+        preempted, self._preempted = self._preempted, []
+        for old in preempted:
+            n = old.preemptions + 1
+            req = ManagedRequest(
+                old.rid,
+                old.scope,
+                old.version,
+                self._participants(old.rid, n),
+                old.salt,
+                old.client_index,
+                adopted=tuple(() for _ in self.kv_windows),
+                names=old.names,
+                request=old.request,
+                preemptions=n,
+            )
+            for p in old.participants:
+                self.by_participant.pop(p, None)
+            self.reqs[req.rid] = req
+            for p in req.participants:
+                self.by_participant[p] = req.rid
+            self.count(
+                "uncertified_hashes_evicted",
+                observe.restrict_prefix_hit(self.pool, old.request, req.adopted, self.null_block),
+            )
+            started: list[Event] = [
+                ParticipantStarted(req.scope, req.version, p) for p in req.participants
+            ]
+            self.commands.run(self.decide(started))
 
     def forget_admission(self, scope: str, version: int, why: str) -> bool:
         """Drop the admission of a version whose request has not arrived, and the handoff pins of
@@ -441,9 +512,11 @@ class EngineSide:
 
     @_hook("schedule", step_scheduled=True)
     def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
-        if not self.reqs:
+        if not self.reqs and not self._preempted:
             return
         self.commands.in_step = True
+        if self._preempted:
+            self._restart_preempted()
         events, allocations, writes, first_time, self._drafts = observe.schedule_events(
             self.reqs, scheduler, scheduler_output, self.ledger.refs, self.block_size
         )

@@ -51,6 +51,11 @@ class _Snapshot:
         yield dropped
         yield counter("retire_adopted_blocks", "blocks successors inherited", "adopted_blocks")
         yield counter(
+            "retire_preemptions",
+            "scoped requests vLLM preempted (their pages freed; run again from the start)",
+            "preemptions",
+        )
+        yield counter(
             "retire_blocks_released_to_cache",
             "blocks of finished versions given back to vLLM's prefix cache",
             "blocks_released_to_cache",

@@ -49,6 +49,8 @@ class ManagedRequest:
     announced: bool = False  # its fence's terminal output was sent
     names: OutputNames | None = None  # names the blocks past its context (``identity``)
     request: Any = None  # vLLM's ``Request``, until its writers closed (``executor.block_name``)
+    # how many times vLLM preempted it: each time it runs again under new participants
+    preemptions: int = 0
 
 
 @attrs.define

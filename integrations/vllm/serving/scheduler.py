@@ -5,7 +5,9 @@ RetireServingScheduler``) inside the engine-core process, it builds the ``Engine
 version authority) and hands it the scheduler's observation points: a request added, the
 schedule (pause, allocations, the write gate), the commit (the commit gate), the step's outputs
 (writer closures, the engine-boundary gate, finished requests) and requests finished from
-outside (vLLM's abort when a client goes away). With ``step_digests``' connector installed it
+outside (vLLM's abort when a client goes away), and each preemption (inside the schedule, so
+that the blocks the preempted version's pages held are free for the very allocation that
+preempted it). With ``step_digests``' connector installed it
 names to the workers, after the schedule, the blocks whose writers will close at the step's
 commit (``EngineSide.blocks_to_digest``), and hands the digests they took back to the engine
 side at the commit. Requests without a scope pass untouched. It
@@ -64,6 +66,13 @@ class RetireServingScheduler(RetireScheduler):
         if finished and self.retire_side.attached:
             self.retire_side.on_finished_outside(finished)
         return finished
+
+    def _preempt_request(
+        self, request: Any, timestamp: float, drop_stale_output: bool = False
+    ) -> None:
+        super()._preempt_request(request, timestamp, drop_stale_output)  # vLLM dropped its blocks
+        if self.retire_side.attached:
+            self.retire_side.on_preempted(request)  # ... and the ledger its pages, at once
 
     def shutdown(self) -> None:
         self.retire_side.shutdown()
