@@ -191,20 +191,33 @@ def on_cancel(txn: Txn, ev: Cancel) -> None:
     reclaim.reclaim(txn, ev.scope)
 
 
+def _late_report(
+    txn: Txn, rec: ScopeRecord, ev: VersionFinished | VersionPreempted, late: str
+) -> bool:
+    """Whether this report of a version's end or preemption concerns a version without
+    authority (logged as ``late``, with the reason, and nothing else changes). Raises for a
+    version from the future, and for the current version of an aligning scope: never admitted,
+    it never ran."""
+    name = type(ev).__name__
+    _no_future(rec, ev.scope, ev.version, name)
+    if rec.has_authority(ev.version):
+        return False
+    if ev.version == rec.epoch and rec.state is ScopeState.ALIGNING:
+        raise IllegalTransitionError(
+            rec.state.value, name, f"version {ev.version} was never admitted"
+        )
+    why = classify_late(txn, ev.scope, ev.version)
+    txn.record(late, Stage.RECLAIM, ev.scope, ev.version, reason=why)
+    return True
+
+
 def on_version_finished(txn: Txn, ev: VersionFinished) -> None:
     """The current version ran to its end: it loses authority (nothing of it publishes any
     more), anything of it still running is fenced, and RECLAIM gives its pages back once its
     receipts are in. A report for a version that no longer holds authority (superseded,
     cancelled, already finished: a late or repeated report) changes nothing."""
     rec = txn.scopes[ev.scope]
-    _no_future(rec, ev.scope, ev.version, "VersionFinished")
-    if not rec.has_authority(ev.version):
-        if ev.version == rec.epoch and rec.state is ScopeState.ALIGNING:
-            raise IllegalTransitionError(
-                rec.state.value, "VersionFinished", f"version {ev.version} was never admitted"
-            )
-        why = classify_late(txn, ev.scope, ev.version)
-        txn.record("late_finish", Stage.RECLAIM, ev.scope, ev.version, reason=why)
+    if _late_report(txn, rec, ev, "late_finish"):
         return
     txn.scopes[ev.scope] = evolve(rec, state=ScopeState.FINISHED)
     txn.record("finish", Stage.RECLAIM, ev.scope, rec.epoch, changed={"state": ScopeState.FINISHED})
@@ -220,14 +233,7 @@ def on_version_preempted(txn: Txn, ev: VersionPreempted) -> None:
     closed: the engine vouches that nothing of it reads or writes them any more. A report for a
     version without authority changes nothing (late: its pages are reclaimed as usual)."""
     rec = txn.scopes[ev.scope]
-    _no_future(rec, ev.scope, ev.version, "VersionPreempted")
-    if not rec.has_authority(ev.version):
-        if ev.version == rec.epoch and rec.state is ScopeState.ALIGNING:
-            raise IllegalTransitionError(
-                rec.state.value, "VersionPreempted", f"version {ev.version} was never admitted"
-            )
-        why = classify_late(txn, ev.scope, ev.version)
-        txn.record("late_preempt", Stage.RECLAIM, ev.scope, ev.version, reason=why)
+    if _late_report(txn, rec, ev, "late_preempt"):
         return
     version = rec.epoch
     if not any(r.version == version for r in rec.participants.values()):

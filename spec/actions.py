@@ -245,14 +245,7 @@ def preempt_guard(I: Interp, st: SpecState, s: Val) -> Val:
         _mode_is(I, st, s, ACTIVE, PAUSED),
         I.get(st["scope_admitted"], s),
         _version_drained(I, st, s, v),
-        I.exists(
-            "Part",
-            lambda q: I.and_(
-                I.get(st["part_used"], q),
-                I.eq(I.get(st["part_scope"], q), s),
-                I.eq(I.get(st["part_ver"], q), v),
-            ),
-        ),
+        I.exists("Part", lambda q: _part_of(I, st, q, s, v)),
         I.forall(
             "Page",
             lambda p: I.not_(I.and_(_of_version(I, st, p, s, v), I.get(st["page_writer"], p))),
@@ -613,21 +606,19 @@ def resume_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
     return {"scope_admitted": I.store(st["scope_admitted"], s, I.lit(True))}
 
 
+def _part_of(I: Interp, st: SpecState, q: Val, s: Val, v: Val) -> Val:
+    """Participant ``q`` started for version ``v`` of ``s``."""
+    return I.and_(
+        I.get(st["part_used"], q),
+        I.eq(I.get(st["part_scope"], q), s),
+        I.eq(I.get(st["part_ver"], q), v),
+    )
+
+
 def _version_drained(I: Interp, st: SpecState, s: Val, v: Val) -> Val:
     """Every participant of version ``v`` of ``s`` has delivered its receipt."""
-    used, pscope, pver, closed = (
-        st["part_used"],
-        st["part_scope"],
-        st["part_ver"],
-        st["part_closed"],
-    )
-    return I.forall(
-        "Part",
-        lambda q: I.implies(
-            I.and_(I.get(used, q), I.eq(I.get(pscope, q), s), I.eq(I.get(pver, q), v)),
-            I.get(closed, q),
-        ),
-    )
+    closed = st["part_closed"]
+    return I.forall("Part", lambda q: I.implies(_part_of(I, st, q, s, v), I.get(closed, q)))
 
 
 def evict_guard(I: Interp, st: SpecState, p: Val) -> Val:
