@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         server.release_all()  # cancel: what the scopes hold is given back
                         server.check_clean()
                         row["free_blocks_after_cancel"] = server.leaks()["free_blocks"]
-                    if name == "retire":  # the same prompts went to stock vLLM: greedy, so
-                        stock = next(r for r in rows if r["streams"] == streams)  # same text
+                        # the same prompts went to stock vLLM: greedy, so the same text
+                        stock = next(r for r in rows if r["streams"] == streams)
                         row["same_text_as_stock"] = sum(
                             t is not None and t == s
                             for t, s in zip(row["texts"], stock["texts"], strict=True)

@@ -104,8 +104,9 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.ls = Lockstep(Universe.of(BOUNDS), step_fn=type(self).step_fn)
         self.enabled: frozenset[str] = frozenset(CATEGORIES)
-        # (preemption is left to the explorer: adding it here would change the examples
-        # ``FUZZ_SEED`` was chosen for)
+        # (no group of ``GROUPS`` draws a preemption: it is left to the explorer, since adding
+        # it to one would change the examples ``FUZZ_SEED`` was chosen for; the budget leaves
+        # the moves out, so ``env_moves`` does not compute them to have them filtered out)
         self.budget = Budget(faults=2, partial_writes=True, forget=True, drafts=True, preempt=False)
 
     @initialize(
