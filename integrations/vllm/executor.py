@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from retire_core import (
     Admit,
     Adopt,
@@ -33,10 +35,12 @@ from retire_core import (
     FenceWrite,
     Free,
     PageDigest,
+    ParticipantStarted,
     PinCertified,
     Receipt,
     ReleaseToCache,
     Unpin,
+    VersionPreempted,
     WriterClosed,
 )
 
@@ -44,6 +48,13 @@ from . import observe
 from .errors import IntegrationError, IsolationError
 from .identity import OutputNames
 from .serving.ledger import VERIFICATION_FAILURES, BlockLedger, BlockRef
+
+
+def participant_names(rid: str, tp: int, preemptions: int = 0) -> tuple[str, ...]:
+    """A request's participants: itself (renamed after each preemption: it runs again as new
+    participants, ``<rid>#<n>``), then one per tensor-parallel rank, ``<head>/rank<r>``."""
+    head = rid if preemptions == 0 else f"{rid}#{preemptions}"
+    return (head, *(f"{head}/rank{r}" for r in range(tp) if tp > 1))
 
 
 class CommandExecutor:
@@ -219,6 +230,45 @@ class CommandExecutor:
             self.report(Receipt(req.scope, req.version, participant))
         self.on_closed(req)
         self.forget_closed_requests()
+
+    def preempt(self, req: Any, request: Any) -> None:
+        """vLLM preempted ``req`` (its vLLM ``request``) to make room and dropped its blocks: its
+        writers close, its participants deliver their receipts and the core hears
+        ``VersionPreempted``, which frees the version's pages, so the allocation that preempted
+        it can have their blocks in the same schedule. The host manages it again (``restart``)
+        once the schedule returns."""
+        self.close_request(req, req.participants)
+        self.report(VersionPreempted(req.scope, req.version))
+        req.request = request
+
+    def restart(self, old: Any, participants: tuple[str, ...]) -> tuple[Any, int]:
+        """A request ``preempt`` ended, managed again under new ``participants``: a fresh record
+        with no page, no adoption and no prefix hit (the blocks cached on its hash chain are
+        evicted: its old pages went back to vLLM, and under its version's cache salt no other
+        request has that chain), so it computes everything again into pages of its own. The core
+        hears its participants start (if its version lost authority meanwhile, it fences them).
+        Returns the record and how many cached blocks were evicted."""
+        req = attrs.evolve(
+            old,
+            participants=participants,
+            adopted=tuple(() for _ in self.kv_windows),
+            handoff_pins=[],
+            tables=observe.BlockTables(),
+            pages=[],
+            scheduled=False,
+            closed=set(),
+            preemptions=old.preemptions + 1,
+        )
+        for p in old.participants:
+            self.by_participant.pop(p, None)
+        self.reqs[req.rid] = req
+        for p in participants:
+            self.by_participant[p] = req.rid
+        evicted = observe.restrict_prefix_hit(
+            self.ledger.pool, req.request, req.adopted, self.null_block
+        )
+        self.run(self.decide([ParticipantStarted(req.scope, req.version, p) for p in participants]))
+        return req, evicted
 
     def close_writers(self, blocks: Iterable[int], read: Mapping[int, str] | None = None) -> None:
         """``WriterClosed`` with the digest of its KV bytes for each of ``blocks`` whose writer is

@@ -87,6 +87,7 @@ from .api import Delivery
 from .corelog import CoreLog, NullLogger, TraceRejected, log_path_for
 from .engine_config import BLOCK_SIZE, build_engine, engine_contract
 from .errors import EngineDeadError, IntegrationError, IsolationError, LeakError
+from .executor import participant_names
 from .facade_commands import FacadeCommands
 from .facade_records import (
     Chunk,
@@ -193,6 +194,7 @@ class RetireEngine:
         self._held: set[str] = set()
         self._maybe_paused: set[str] = set()  # scopes paused through ``pause`` (maybe unpaused)
         self._during_step: list[Callable[[RetireEngine], None]] = []
+        self._preempted: list[FacadeRequest] = []  # in this schedule: managed again after it
         self.observers: list[Any] = []  # objects with before_execute(facade, writes)/after_step
         self._step_writes: list[tuple[str, int, int]] = []  # (rid, block id, position)
         self._closed = False
@@ -541,7 +543,29 @@ class RetireEngine:
                 self._maybe_paused.discard(scope)
         return held
 
+    def on_preempted(self, request: Any) -> None:
+        """vLLM preempted a request of ours to make room (``CommandExecutor.preempt``); it is
+        managed again under new participants once the schedule returns."""
+        req = self.reqs.get(request.request_id)
+        if req is None or len(req.closed) == len(req.participants):
+            return
+        self.stats.preemptions += 1
+        gone = set(req.pages)  # a filled block is closed as the version's, not its successor's
+        self._completed = [b for b in self._completed if b not in gone]
+        self.commands.preempt(req, request)
+        self._preempted.append(req)
+
+    def _restart_preempted(self) -> None:
+        preempted, self._preempted = self._preempted, []
+        for old in preempted:
+            participants = participant_names(old.rid, self.tp, old.preemptions + 1)
+            old.record.participants = participants
+            _, evicted = self.commands.restart(old, participants)
+            self.stats.uncertified_hashes_evicted += evicted
+
     def after_schedule(self, scheduler: Any, scheduler_output: Any) -> None:
+        if self._preempted:
+            self._restart_preempted()
         if self._during_step:
             callbacks, self._during_step = self._during_step, []
             for callback in callbacks:
@@ -564,7 +588,7 @@ class RetireEngine:
             allowed = {(c.page, c.participant) for c in commands if isinstance(c, AllowWrite)}
             completed = self._completed
             for req, bid, idx, completes in writes:
-                if (bid, req.rid) not in allowed:
+                if (bid, req.participants[0]) not in allowed:
                     raise IsolationError(f"write of {req.rid} into block {bid} was not allowed")
                 req.record.writes += 1
                 step_writes.append((req.rid, bid, idx))

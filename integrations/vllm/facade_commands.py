@@ -31,7 +31,7 @@ from retire_core import (
 
 from . import observe
 from .errors import EngineDeadError, IntegrationError
-from .executor import CommandExecutor
+from .executor import CommandExecutor, participant_names
 from .facade_records import FacadeRequest
 
 if TYPE_CHECKING:
@@ -106,8 +106,7 @@ class FacadeCommands(CommandExecutor):
             raise IntegrationError(f"request id {external_id!r} is already in use")
         rid = f.engine.add_request(external_id, inputs, params)  # type: ignore[arg-type]
         f.internal_ids[external_id] = rid
-        ranks = tuple(f"{rid}/rank{r}" for r in range(f.tp)) if f.tp > 1 else ()
-        participants = (rid, *ranks)
+        participants = participant_names(rid, f.tp)
         request = f.scheduler.requests[rid]
         req = FacadeRequest(
             rid,

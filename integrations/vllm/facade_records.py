@@ -108,6 +108,7 @@ class Stats:
     released_pages: int = 0
     uncertified_hashes_evicted: int = 0
     pages_reused: int = 0
+    preemptions: int = 0
 
 
 # --- internal bookkeeping ----------------------------------------------------------------------
@@ -130,6 +131,8 @@ class FacadeRequest:
     closed: set[str] = attrs.field(factory=set)
     names: OutputNames | None = None  # names the blocks past its context (``identity``)
     request: Any = None  # vLLM's ``Request``, until its writers closed (``executor.block_name``)
+    # how many times vLLM preempted it: each time it runs again under new participants
+    preemptions: int = 0
 
 
 @attrs.define

@@ -157,7 +157,7 @@ HOOKS: Final[tuple[Hook, ...]] = (
         "Scheduler._preempt_request",
         _C,
         ("request", "timestamp", "drop_stale_output"),
-        "serving: a preemption drops the version's pages (VersionPreempted)",
+        "a preemption drops the version's pages (VersionPreempted)",
     ),
     Hook(_SCHED, "Scheduler.add_request", _C, ("request",), "(f)"),
     Hook(_SCHED, "Scheduler._free_request", _C, ("request", "delay_free_blocks"), "(f)"),

@@ -20,6 +20,9 @@ A facade attaches itself as ``retire_hooks`` and then gets:
   sampled tokens are never appended (the base loop skips finished requests), and a terminal
   ``finish_reason=ABORT`` output is added for each, so the front end closes them too (research
   item (f): without it ``LLMEngine.has_unfinished_requests()`` never turns false).
+* ``on_preempted(request)``: called from ``Scheduler._preempt_request`` once vLLM dropped a
+  request's blocks to make room for an allocation, still inside the schedule, so that the
+  blocks Retire kept for the request's pages can serve that very allocation.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class SchedulerHooks(Protocol):
     def after_schedule(self, scheduler: RetireScheduler, scheduler_output: Any) -> None: ...
 
     def before_commit(self, scheduler: RetireScheduler, scheduler_output: Any) -> set[str]: ...
+
+    def on_preempted(self, request: Any) -> None: ...
 
 
 class RetireScheduler(Scheduler):
@@ -69,6 +74,13 @@ class RetireScheduler(Scheduler):
                 queue.prepend_requests(reversed(mine))
         hooks.after_schedule(self, out)
         return out
+
+    def _preempt_request(
+        self, request: Any, timestamp: float, drop_stale_output: bool = False
+    ) -> None:
+        super()._preempt_request(request, timestamp, drop_stale_output)  # vLLM dropped its blocks
+        if self.retire_hooks is not None:
+            self.retire_hooks.on_preempted(request)  # ... and Retire its pages, at once
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         hooks = self.retire_hooks

@@ -70,13 +70,13 @@ from retire_core import (
     RetireError,
     ScopeState,
     VersionFinished,
-    VersionPreempted,
 )
 
 from .. import introspect as ix
 from .. import observe
 from ..corelog import JsonLinesBuffer, NullLogger, engine_log_path
 from ..errors import IntegrationError
+from ..executor import participant_names
 from . import wire
 from .early_opens import FENCE_DIR_ENV, Copy, OpenCopies, OpenListener, address, copy_of
 from .engine_commands import EngineCommands
@@ -397,7 +397,7 @@ class EngineSide:
             reason = wire.finish_reason(self.core.revocation(scope, version))
             self.finish_from_here(rid, request.client_index, reason)
             return
-        participants = self._participants(rid, 0)
+        participants = participant_names(rid, self.tp)
         req = ManagedRequest(
             rid,
             scope,
@@ -420,19 +420,10 @@ class EngineSide:
         started: list[Event] = [ParticipantStarted(scope, version, p) for p in participants]
         self.commands.run(self.decide(started))
 
-    def _participants(self, rid: str, preemptions: int) -> tuple[str, ...]:
-        """A request's participants: itself (renamed after each preemption: it runs again as a
-        new participant), then one per TP rank."""
-        head = rid if preemptions == 0 else f"{rid}#{preemptions}"
-        return (head, *(f"{head}/rank{r}" for r in range(self.tp) if self.tp > 1))
-
     @_hook("schedule", boundary=False)  # inside vLLM's schedule, which is allocating blocks
     def on_preempted(self, request: Any) -> None:
-        """vLLM preempted a managed request to make room: it dropped the request's blocks and
-        will compute it again from the start. Its writers close, its participants deliver their
-        receipts and the core hears ``VersionPreempted``: it frees the version's pages, so that
-        the allocation that preempted the request can have their blocks in this very schedule.
-        The request is managed again, under new participants, once the schedule returns
+        """vLLM preempted a managed request to make room (``CommandExecutor.preempt``); it is
+        managed again under new participants once the schedule returns
         (``_restart_preempted``)."""
         rid = request.request_id
         req = self.reqs.get(rid)
@@ -444,45 +435,17 @@ class EngineSide:
         gone = set(req.pages)
         self._completed = [b for b in self._completed if b not in gone]
         self._ending = [b for b in self._ending if b not in gone]
-        self.commands.close_request(req, req.participants)
-        self.commands.run(self.decide([VersionPreempted(req.scope, req.version)]))
-        req.request = request
+        self.commands.preempt(req, request)
         self._preempted.append(req)
 
     def _restart_preempted(self) -> None:
         """Each request preempted in the schedule that just returned is managed again under new
-        participants, with no prefix hit: the blocks cached on its hash chain are evicted (its
-        old pages went back to vLLM; under its version's cache salt no other request has that
-        chain), so it computes everything again into pages of its own. If its version lost
-        authority meanwhile, the core fences the new participants."""
+        participants (``CommandExecutor.restart``)."""
         preempted, self._preempted = self._preempted, []
         for old in preempted:
-            n = old.preemptions + 1
-            req = ManagedRequest(
-                old.rid,
-                old.scope,
-                old.version,
-                self._participants(old.rid, n),
-                old.salt,
-                old.client_index,
-                adopted=tuple(() for _ in self.kv_windows),
-                names=old.names,
-                request=old.request,
-                preemptions=n,
-            )
-            for p in old.participants:
-                self.by_participant.pop(p, None)
-            self.reqs[req.rid] = req
-            for p in req.participants:
-                self.by_participant[p] = req.rid
-            self.count(
-                "uncertified_hashes_evicted",
-                observe.restrict_prefix_hit(self.pool, old.request, req.adopted, self.null_block),
-            )
-            started: list[Event] = [
-                ParticipantStarted(req.scope, req.version, p) for p in req.participants
-            ]
-            self.commands.run(self.decide(started))
+            participants = participant_names(old.rid, self.tp, old.preemptions + 1)
+            _, evicted = self.commands.restart(old, participants)
+            self.count("uncertified_hashes_evicted", evicted)
 
     def forget_admission(self, scope: str, version: int, why: str) -> bool:
         """Drop the admission of a version whose request has not arrived, and the handoff pins of

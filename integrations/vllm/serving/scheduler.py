@@ -67,13 +67,6 @@ class RetireServingScheduler(RetireScheduler):
             self.retire_side.on_finished_outside(finished)
         return finished
 
-    def _preempt_request(
-        self, request: Any, timestamp: float, drop_stale_output: bool = False
-    ) -> None:
-        super()._preempt_request(request, timestamp, drop_stale_output)  # vLLM dropped its blocks
-        if self.retire_side.attached:
-            self.retire_side.on_preempted(request)  # ... and the ledger its pages, at once
-
     def shutdown(self) -> None:
         self.retire_side.shutdown()
         super().shutdown()
