@@ -64,7 +64,7 @@ GROUPS = {
     "open": {"open"},
     "revise": {"supersede"},
     "control": {"pause", "unpause", "cancel", "forget"},
-    "run": {"launch", "receipt", "finish"},
+    "run": {"launch", "receipt", "finish", "preempt"},
     "pages": {
         "allocate",
         "attempt_write",
@@ -89,8 +89,11 @@ COVERAGE: Counter[str] = Counter()
 #: mutant alive at 1,000 examples and 10 missed a double free. Since blocks of a version's own
 #: output are named (``fill_block``), 1, 2, 9 and 11 miss a rare path (an eviction or a
 #: generation change); 8 and 10 reach every rare path, pass 1,000 examples unmutated and kill
-#: every core mutant the machine can reach (it runs one KV cache group).
-FUZZ_SEED = 8
+#: every core mutant the machine can reach (it runs one KV cache group). Since the ``run`` group
+#: draws preemptions (of 0-16: 0, 7 and 11 never preempt a current version; 1, 4, 6, 8, 9, 12,
+#: 14 and 16 miss an eviction or a generation change; of 2, 3, 5, 10, 13 and 15, 5 leaves two
+#: core mutants alive), 13 reaches every rare path and kills every core mutant it can reach.
+FUZZ_SEED = 13
 
 
 @seed(FUZZ_SEED)
@@ -104,10 +107,7 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.ls = Lockstep(Universe.of(BOUNDS), step_fn=type(self).step_fn)
         self.enabled: frozenset[str] = frozenset(CATEGORIES)
-        # (no group of ``GROUPS`` draws a preemption: it is left to the explorer, since adding
-        # it to one would change the examples ``FUZZ_SEED`` was chosen for; the budget leaves
-        # the moves out, so ``env_moves`` does not compute them to have them filtered out)
-        self.budget = Budget(faults=2, partial_writes=True, forget=True, drafts=True, preempt=False)
+        self.budget = Budget(faults=2, partial_writes=True, forget=True, drafts=True)
 
     @initialize(
         disabled=st.sets(st.sampled_from(("faults", "reports", "control"))),

@@ -259,8 +259,14 @@ class Lockstep:
         before = self.core
         out = self.feed(event, inst, table)
         # A refused event changes neither side, so legality is judged in the same spec state
-        # after the step as before it (and only when the core refused).
-        rejected = self.core is before and not out.transitions and not out.commands
+        # after the step as before it (and only when the core refused). Without a memo no
+        # state is interned: an event the core ignored (a step that logs, commands and
+        # changes nothing) returns an equal state, not the same one, and counts as refused.
+        rejected = (
+            not out.transitions
+            and not out.commands
+            and (self.core is before or self.core == before)
+        )
         if rejected and self._legal(inst):
             raise RefinementError(f"the core refused {inst}, which the spec allows")
         return out

@@ -146,12 +146,8 @@ def test_hypothesis_alone_kills_every_core_mutant() -> None:
     # (their kills at 1,000 examples once came from a false failure of the machine itself).
     multi_group = {m.name for m in mutants.CORE_MUTANTS if any(c.kv_windows[1:] for c in m.configs)}
     assert multi_group == {"admit_counts_pages", "cut_ignores_other_groups"}
-    # The machine leaves preemption to the explorer (no group of ``fuzz.GROUPS`` draws one):
-    # it never reports one, so these two cannot be reached by it.
-    preemption = {m.name for m in mutants.CORE_MUTANTS if m.name.startswith("preempt_")}
-    assert preemption == {"preempt_while_running", "preempt_keeps_pages"}
     for mutant in mutants.CORE_MUTANTS:
-        if mutant.name in multi_group | preemption:
+        if mutant.name in multi_group:
             continue
         with mutant.active():
             if run_machine(max_examples=mutants.HYPOTHESIS_EXAMPLES) is None:
