@@ -19,6 +19,15 @@ def build(num_blocks: int = 256, **kwargs: Any) -> Any:
     return build_engine(num_blocks=num_blocks, scheduler_cls=RetireScheduler, **kwargs)
 
 
+def module_engine(num_blocks: int = 256, **kwargs: Any) -> Iterator[Any]:
+    """A module fixture's engine (``build``), shut down once the module's tests are done."""
+    eng = build(num_blocks, **kwargs)
+    try:
+        yield eng
+    finally:
+        shutdown(eng)
+
+
 def build_reference(num_blocks: int = 256) -> Any:
     """A second engine for clean references: shares nothing with the engine under test."""
     from retire_vllm.engine_config import build_engine

@@ -21,16 +21,14 @@ from retire_checks.mutants import MUTANTS
 from retire_cli import main
 from retire_vllm import corelog
 from retire_vllm.checker import Checker
-from tests.vllm.support import assert_engine_clean, build, shutdown
+from tests.vllm.support import assert_engine_clean, build, module_engine, shutdown
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    eng = build(num_blocks=campaign.NUM_BLOCKS)
-    yield eng
-    shutdown(eng)
+    yield from module_engine(num_blocks=campaign.NUM_BLOCKS)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from retire_vllm import faults, identity, observe
 from retire_vllm import introspect as ix
 from retire_vllm.checker import Checker
 from retire_vllm.engine_config import greedy
-from tests.vllm.support import attached, build, shutdown, tokens
+from tests.vllm.support import attached, module_engine, tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -30,9 +30,7 @@ NUM_BLOCKS = 320
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    eng = build(num_blocks=NUM_BLOCKS)
-    yield eng
-    shutdown(eng)
+    yield from module_engine(num_blocks=NUM_BLOCKS)
 
 
 # --- inheritance --------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from tests.vllm.support import (
     assert_engine_clean,
     attached,
     build,
+    module_engine,
     shutdown,
     tokens,
 )
@@ -34,9 +35,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    eng = build(num_blocks=256)
-    yield eng
-    shutdown(eng)
+    yield from module_engine(num_blocks=256)
 
 
 def _late_step_run(facade: RetireEngine, rng: random.Random) -> dict[str, list[int]]:

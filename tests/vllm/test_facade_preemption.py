@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from retire_vllm.checker import Checker
-from tests.vllm.support import attached, build, shutdown, tokens
+from tests.vllm.support import attached, module_engine, tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -26,9 +26,7 @@ POOL = 32
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    eng = build(num_blocks=POOL)
-    yield eng
-    shutdown(eng)
+    yield from module_engine(num_blocks=POOL)
 
 
 def _run(facade: Any, prompts: list[list[int]], max_steps: int) -> int:

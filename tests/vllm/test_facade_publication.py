@@ -19,7 +19,7 @@ import pytest
 from retire_core import DEFAULT_CONTRACT
 from retire_vllm.checker import Checker
 from tests.vllm.native_baseline import NativeEngine
-from tests.vllm.support import attached, build, shutdown, tokens
+from tests.vllm.support import attached, module_engine, tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -31,9 +31,7 @@ SUCC_TOKENS = 20
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    eng = build(num_blocks=512)
-    yield eng
-    shutdown(eng)
+    yield from module_engine(num_blocks=512)
 
 
 def trial_plan(i: int) -> dict[str, Any]:

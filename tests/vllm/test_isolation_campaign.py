@@ -21,7 +21,7 @@ from retire_bench import isolation_campaign as ic
 from retire_cli import main
 from retire_core import DEFAULT_CONTRACT
 from retire_vllm.checker import Checker
-from tests.vllm.support import attached, build, shutdown, tokens
+from tests.vllm.support import attached, module_engine, tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -30,9 +30,7 @@ SEED = 0
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    eng = build(num_blocks=ic.NUM_BLOCKS)
-    yield eng
-    shutdown(eng)
+    yield from module_engine(num_blocks=ic.NUM_BLOCKS)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from retire_vllm.default_model import ensure_default_model
 from retire_vllm.engine_config import engine_contract
 from retire_vllm.errors import IntegrationError
 from retire_vllm.observe import kv_windows
-from tests.vllm.support import attached, build, shutdown, tokens
+from tests.vllm.support import attached, module_engine, shutdown, tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -49,9 +49,7 @@ def _hybrid() -> str:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    eng = build(num_blocks=512, model=_hybrid(), max_model_len=2048)
-    yield eng
-    shutdown(eng)
+    yield from module_engine(num_blocks=512, model=_hybrid(), max_model_len=2048)
 
 
 @pytest.fixture(scope="module")
