@@ -19,8 +19,8 @@ from tests.vllm.support import attached, module_engine, tokens
 pytestmark = pytest.mark.vllm
 
 SCOPES = 5
-PROMPT = 150  # tokens: 9 full blocks each
-OUTPUT = 120  # tokens: 17 blocks each at the end, 85 for the five against 32 in the pool
+PROMPT = 150  # tokens: 4 full blocks of 32 each
+OUTPUT = 120  # tokens: 9 blocks each at the end, 45 for the five against 31 usable
 POOL = 32
 
 

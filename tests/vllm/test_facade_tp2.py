@@ -4,7 +4,9 @@ The scheduler stays in this process, the two ranks run in worker processes (``mp
 the scenario runs as its own process (``tp2_scenario.py``).  Every retired version is closed only
 after the request *and both ranks* (``<request>/rank0``, ``<request>/rank1``, answered through
 ``collective_rpc`` after any step in flight) delivered their receipts; page digests combine both
-ranks' halves of the KV heads, so a corruption on the ranks is caught at adoption.
+ranks' halves of the KV heads, so a corruption on the ranks is caught at adoption.  Under a pool
+too small for its scopes, vLLM's preemption closes the request and both ranks before the pages
+go, and the request runs again under renamed participants (``<request>#<n>/rank<r>``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,23 @@ def test_tp2_receipts_from_every_rank() -> None:
     assert r["released"][0] == [r["victim"], "digest_mismatch"]
     assert r["v1_ok"], r["v1_problems"]
     assert r["v2_ok"], r["v2_problems"]
+    # vLLM's preemption under TP=2: receipts from the request and both ranks before the pages
+    # go, then the request runs again under renamed participants (ranks too)
+    assert r["preemptions"] > 0 and r["preempted_participants"]
+    for parts, receipts, ranks in zip(
+        r["preempted_participants"],
+        r["preempted_receipts"],
+        r["preempted_rank_receipts"],
+        strict=True,
+    ):
+        head = parts[0]
+        rid, n = head.rsplit("#", 1)
+        assert parts == [head, f"{head}/rank0", f"{head}/rank1"] and int(n) >= 1
+        before = [rid if int(n) == 1 else f"{rid}#{int(n) - 1}"]
+        before += [f"{before[0]}/rank0", f"{before[0]}/rank1"]
+        assert set(before + parts) <= set(receipts)  # every run's request and ranks closed
+        assert ranks.count(0) >= 2 and ranks.count(1) >= 2  # both ranks, at each close
+    assert r["preempted_ok"], r["preempted_problems"]
     assert r["closed_clean"]
     assert r["core_log_validated"] > 0  # the run's core log was a behaviour of the spec
 

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import sys
+from typing import Any
 
 
 def main() -> int:
@@ -56,12 +57,42 @@ def main() -> int:
         "v2_ok": v2.ok,
         "v2_problems": v2.problems,
     }
+    facade.cancel("tp")
+    result.update(preempted(facade, checker, rng))
     facade.shutdown()  # close(): raises LeakError if anything is left behind
     result["closed_clean"] = True
     # the core log (RETIRE_CORE_LOG_DIR, inherited from the test) was validated by close()
     result["core_log_validated"] = facade.core_log.validated if facade.core_log else None
     print("RESULT " + json.dumps(result), flush=True)
     return 0
+
+
+def preempted(facade: Any, checker: Any, rng: random.Random) -> dict[str, Any]:
+    """Eight scopes that outgrow the 64-block pool together (10 blocks of 32 tokens each at the end,
+    80 against 63 usable): vLLM preempts some; a preempted
+    version's request and both ranks deliver receipts before its pages go, and it runs again
+    as ``<request>#<n>`` with its ranks ``<request>#<n>/rank<r>``."""
+    scopes = [f"p{i}" for i in range(8)]
+    for scope in scopes:
+        facade.submit(scope, [rng.randrange(1, 2048) for _ in range(200)], max_tokens=120)
+    ended: set[str] = set()
+    while facade.has_unfinished():
+        facade.step()
+        for scope in scopes:  # a finished version keeps its pages until cancelled
+            if scope not in ended and facade.version_record(scope).finished_at is not None:
+                facade.cancel(scope)
+                ended.add(scope)
+    records = [facade.version_record(scope) for scope in scopes]
+    again = [r for r in records if "#" in r.participants[0]]
+    verdicts = [checker.verify(facade, scope, 0) for scope in scopes]
+    return {
+        "preemptions": facade.stats.preemptions,
+        "preempted_participants": [list(r.participants) for r in again],
+        "preempted_receipts": [sorted(r.receipts) for r in again],
+        "preempted_rank_receipts": [sorted(int(a["rank"]) for a in r.rank_receipts) for r in again],
+        "preempted_ok": all(v.ok for v in verdicts),
+        "preempted_problems": [p for v in verdicts for p in v.problems],
+    }
 
 
 def hybrid() -> int:
