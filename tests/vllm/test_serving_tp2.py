@@ -4,25 +4,38 @@ Every participant of a version is the request plus one participant per rank; REC
 nothing until each rank has sent its receipt (``collective_rpc`` to every worker). The test
 revises a scope over HTTP, checks the successor inherited the certified prefix and equals a cold
 run on the same server, that both ranks delivered receipts for both versions, that nothing is
-left, and that the core log is a behaviour of the spec.
+left, and that the core log is a behaviour of the spec. On a pool too small for two streams at
+once, vLLM's preemption inside the engine core closes the preempted request and both its ranks
+(their receipts) before the pages go, and the request runs again to the text its prompt gives
+alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from retire_bench.servers import HTTP, RetireServer
+from retire_bench.servers import HTTP, RetireServer, pool_options
 from retire_vllm.client import scoped, stamp
 
 pytestmark = pytest.mark.vllm
 
+BLOCKS = 20  # the pool, block 0 included: 19 usable blocks of 32 tokens
+PROMPT = 150  # tokens: 5 blocks a stream at first,
+OUTPUT = 400  # 18 at the end: one stream alone fits, two running together outgrow the pool
+
 
 @pytest.fixture(scope="module")
 def tp2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
-    server = RetireServer(tmp_path_factory.mktemp("retire-tp2"), ["--tensor-parallel-size", "2"])
+    server = RetireServer(
+        tmp_path_factory.mktemp("retire-tp2"),
+        ["--tensor-parallel-size", "2"],
+        options=pool_options(BLOCKS),
+    )
     try:
         yield server
     finally:
@@ -56,3 +69,52 @@ def test_a_revision_under_tp2_waits_for_receipts_from_both_ranks(tp2_server: Ret
     assert counters["rank_receipts"] >= 4  # two ranks, each version's request
     tp2_server.check_clean()
     c.close()
+
+
+def test_a_preempted_stream_under_tp2_closes_both_ranks_and_runs_again(
+    tp2_server: RetireServer,
+) -> None:
+    rng = random.Random(5)
+    prompts = [[rng.randrange(10, 2000) for _ in range(PROMPT)] for _ in range(2)]
+    before = tp2_server.leaks()["counters"]
+
+    async def stream(client: Any, i: int) -> str:
+        async with asyncio.timeout(120):  # a stall fails here, not as a hung test
+            chunks = await client.completions.create(
+                model=tp2_server.model,
+                prompt=prompts[i],
+                max_tokens=OUTPUT,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True, **scoped(f"tp2-pressure-{i}")},
+            )
+            return "".join([c.text async for chunk in chunks for c in chunk.choices])
+
+    async def both() -> list[str]:
+        client = tp2_server.openai(asynchronous=True)
+        try:
+            return list(await asyncio.gather(stream(client, 0), stream(client, 1)))
+        finally:
+            await client.close()
+
+    texts = asyncio.run(both())
+    after = tp2_server.leaks()
+    preempted = after["counters"].get("preemptions", 0) - before.get("preemptions", 0)
+    assert preempted > 0, "the pool never ran out"
+    # each run of each request closed on both ranks: the two first runs and every run again
+    rank_receipts = after["counters"]["rank_receipts"] - before["rank_receipts"]
+    assert rank_receipts == 2 * (2 + preempted)
+    assert after["ledger_blocks"] == []  # both finished and gave their pages back
+    c = tp2_server.openai()
+    for i, prompt in enumerate(prompts):
+        alone = c.completions.create(
+            model=tp2_server.model,
+            prompt=prompt,
+            max_tokens=OUTPUT,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert texts[i] == alone.choices[0].text, f"stream {i}"
+    c.close()
+    tp2_server.release_all()
+    tp2_server.check_clean()
