@@ -2,54 +2,18 @@
 
 The facade owns an in-process ``LLMEngine`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with tensor
 parallelism the workers run in their own processes, the scheduler stays here) whose scheduler is
-:class:`retire_vllm.scheduler.RetireScheduler`, and steps it by hand.  It never decides protocol:
-it turns what it observes in vLLM into core events and carries out the commands it gets back.
-
-Observation -> event (where):
-
-* ``submit`` / ``supersede`` / ``pause`` / ``unpause`` / ``cancel`` -> the user events.
-* a request added for an admitted version -> ``ParticipantStarted`` (the request, and with TP > 1
-  each worker rank ``<request>/rank<r>``).
-* after ``Scheduler.schedule`` (``RetireScheduler.after_schedule``, before the model runs): every
-  block id new to a request -> ``PageAllocated(position = block index)``; every block the step
-  will write -> ``WriteAttempted(completes = the step fills it)`` (the write gate).
-* after the step: every block filled in the step -> ``WriterClosed(digest of its KV bytes)`` (a
-  full block of a running request is never written again; a block past the version's context
-  also names the prefix identity of its tokens, ``executor.block_name``, so that a revision
-  continuing the version's output may inherit it); a request that finished ->
-  ``WriterClosed`` for its remaining open (partial) blocks, then ``Receipt`` per participant.
-* before ``Scheduler.update_from_output`` (``RetireScheduler.before_commit``): one ``COMMIT``
-  frame per scheduled request -> ``FrameArrived``; a dropped commit is refused (research (f)).
-* each ``RequestOutput`` of ``LLMEngine.step()`` -> a ``TOKEN`` frame at the *engine boundary*
-  (published frames go to the scope's consumer queue); each queued chunk read by ``consume`` ->
-  a second ``TOKEN`` frame at the *consumer boundary* (so a chunk queued before a revision and read
-  after it is dropped).  Every frame id is decided exactly once.
-* ``BlockPool.get_new_blocks`` handing out a block id the facade still retains (only possible if
-  a reference was lost) -> ``PageReused``.
-
-The events one hook observes reach the core together, in the order listed, through
-``Retire.handle_batch`` (one call per hook and per ``consume``; the same decisions as one by one).
-Receipts of a fenced request go one at a time, since each can admit the successor.
-
-Command -> action (``executor.CommandExecutor``, the one executor, shared with the serving engine
-side; ``facade_commands.FacadeCommands`` completes it for this engine): ``Publish``/``Drop``
-deliver or discard the frame (a dropped ``COMMIT`` refuses the step's commit); ``Fence`` aborts the
-requests (deferred to the step boundary while a step runs) and reports ``WriterClosed`` for their
-open pages and a ``Receipt`` per participant (ranks through ``collective_rpc``); ``AllowWrite``
-lets the step run, ``FenceWrite`` raises :class:`IsolationError` (vLLM gives a request only its own
-blocks, so it is unreachable unless bookkeeping is broken); ``PinCertified`` takes one
-``BlockPool.touch`` reference per certified block and queues the byte check, which runs at the next
-step boundary just before admission (``AdoptionReport``); ``Adopt`` keeps the pins until the
-successor's first schedule shows it holds exactly those blocks as its prefix hit, then drops them;
-``Unpin`` drops pins and, after a failed verification, evicts the block hashes so vLLM cannot reuse
-them; ``Admit`` adds the version's request under the physical ``cache_salt`` of its adopted pages
-(or a fresh one when cold) and checks, before it can be scheduled, that its prefix hit is exactly
-the adopted block ids; ``Free`` evicts the block's hash and drops the facade's retention reference
-(taken at allocation, so that every page the core tracks is really kept by vLLM).
-
-A worker process that dies (or stops answering one of Retire's calls, ``observe.collective``)
-surfaces as :class:`EngineDeadError` from the call that met it; the rest of the commands in hand
-are not carried out, and every later ``step`` and ``close`` raises it without touching the engine.
+:class:`retire_vllm.scheduler.RetireScheduler`, and steps it by hand; it is the benchmarks'
+deterministic driver, beside ``retire serve``. It never decides protocol: each observation point
+turns what it sees in vLLM into core events (one ``Retire.handle_batch`` per hook and per
+``consume``; a fenced request's receipts one at a time, since each can admit the successor), and
+the commands go to the one executor (``executor.CommandExecutor``, shared with the serving engine
+side, completed for this engine by ``facade_commands.FacadeCommands``). Which observation gives
+which event, and what each command does in vLLM: ``docs/vllm.md`` ("Observations -> events",
+"Commands -> actions"). A worker process that dies (or stops answering one of Retire's calls,
+``observe.collective``) surfaces as :class:`EngineDeadError` from the call that met it; the
+commands still in hand are not carried out, and every later ``step`` and ``close`` raises it
+without touching the engine. Its records and statistics live in ``facade_records``, the faults
+a campaign injects in ``faults``.
 """
 
 from __future__ import annotations
