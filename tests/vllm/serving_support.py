@@ -84,6 +84,43 @@ async def revise_mid_stream(
     return chunks[0], chunks[-1], revised
 
 
+def texts_streamed_at_once(
+    server: RetireServer, prompts: list[list[int]], max_tokens: int, scope: str
+) -> list[str]:
+    """Each prompt as a greedy scoped stream (scope ``<scope><i>``), all at once over one async
+    client; their texts. A stream that stalls fails after 120 s rather than hanging the test."""
+
+    async def stream(client: Any, i: int) -> str:
+        async with asyncio.timeout(120):
+            chunks = await client.completions.create(
+                model=server.model,
+                prompt=prompts[i],
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True, **scoped(f"{scope}{i}")},
+            )
+            return "".join([c.text async for chunk in chunks for c in chunk.choices])
+
+    async def all_at_once() -> list[str]:
+        client = server.openai(asynchronous=True)
+        try:
+            return list(await asyncio.gather(*(stream(client, i) for i in range(len(prompts)))))
+        finally:
+            await client.close()
+
+    return asyncio.run(all_at_once())
+
+
+def texts_alone(server: RetireServer, prompts: list[list[int]], max_tokens: int) -> list[str]:
+    """The greedy text of each prompt run alone, unscoped, one after another."""
+    c = server.openai()
+    try:
+        return [complete(c, server.model, p, max_tokens).choices[0].text for p in prompts]
+    finally:
+        c.close()
+
+
 def cancel(server: RetireServer, scope: str, tenant: str | None = None) -> httpx.Response:
     headers = {"x-retire-tenant": tenant} if tenant else {}
     return HTTP.post(f"{server.base}/v1/scopes/{scope}/cancel", headers=headers)

@@ -12,15 +12,14 @@ alone.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from retire_bench.servers import HTTP, RetireServer, pool_options
 from retire_vllm.client import scoped, stamp
+from tests.vllm.serving_support import texts_alone, texts_streamed_at_once
 
 pytestmark = pytest.mark.vllm
 
@@ -77,27 +76,7 @@ def test_a_preempted_stream_under_tp2_closes_both_ranks_and_runs_again(
     rng = random.Random(5)
     prompts = [[rng.randrange(10, 2000) for _ in range(PROMPT)] for _ in range(2)]
     before = tp2_server.leaks()["counters"]
-
-    async def stream(client: Any, i: int) -> str:
-        async with asyncio.timeout(120):  # a stall fails here, not as a hung test
-            chunks = await client.completions.create(
-                model=tp2_server.model,
-                prompt=prompts[i],
-                max_tokens=OUTPUT,
-                temperature=0,
-                stream=True,
-                extra_body={"ignore_eos": True, **scoped(f"tp2-pressure-{i}")},
-            )
-            return "".join([c.text async for chunk in chunks for c in chunk.choices])
-
-    async def both() -> list[str]:
-        client = tp2_server.openai(asynchronous=True)
-        try:
-            return list(await asyncio.gather(stream(client, 0), stream(client, 1)))
-        finally:
-            await client.close()
-
-    texts = asyncio.run(both())
+    texts = texts_streamed_at_once(tp2_server, prompts, OUTPUT, "tp2-pressure-")
     after = tp2_server.leaks()
     preempted = after["counters"].get("preemptions", 0) - before.get("preemptions", 0)
     assert preempted > 0, "the pool never ran out"
@@ -105,16 +84,6 @@ def test_a_preempted_stream_under_tp2_closes_both_ranks_and_runs_again(
     rank_receipts = after["counters"]["rank_receipts"] - before["rank_receipts"]
     assert rank_receipts == 2 * (2 + preempted)
     assert after["ledger_blocks"] == []  # both finished and gave their pages back
-    c = tp2_server.openai()
-    for i, prompt in enumerate(prompts):
-        alone = c.completions.create(
-            model=tp2_server.model,
-            prompt=prompt,
-            max_tokens=OUTPUT,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
-        assert texts[i] == alone.choices[0].text, f"stream {i}"
-    c.close()
+    assert texts == texts_alone(tp2_server, prompts, OUTPUT)
     tp2_server.release_all()
     tp2_server.check_clean()

@@ -12,15 +12,14 @@ can run any more.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from retire_bench.servers import HTTP, RetireServer, pool_options
 from retire_vllm.client import scoped, stamp
+from tests.vllm.serving_support import texts_alone, texts_streamed_at_once
 
 pytestmark = pytest.mark.vllm
 
@@ -89,40 +88,10 @@ def test_preempted_streams_run_again_and_finish_with_the_greedy_text(
         [rng.randrange(10, 2000) for _ in range(PRESSURE_PROMPT)] for _ in range(PRESSURE_STREAMS)
     ]
     before = small_server.leaks()["counters"].get("preemptions", 0)
-
-    async def stream(client: Any, i: int) -> str:
-        async with asyncio.timeout(120):  # a stall fails here, not as a hung test
-            chunks = await client.completions.create(
-                model=small_server.model,
-                prompt=prompts[i],
-                max_tokens=PRESSURE_OUTPUT,
-                temperature=0,
-                stream=True,
-                extra_body={"ignore_eos": True, **scoped(f"pressure-{i}")},
-            )
-            return "".join([c.text async for chunk in chunks for c in chunk.choices])
-
-    async def all_at_once() -> list[str]:
-        client = small_server.openai(asynchronous=True)
-        try:
-            return list(await asyncio.gather(*(stream(client, i) for i in range(PRESSURE_STREAMS))))
-        finally:
-            await client.close()
-
-    texts = asyncio.run(all_at_once())
+    texts = texts_streamed_at_once(small_server, prompts, PRESSURE_OUTPUT, "pressure-")
     leaks = small_server.leaks()
     assert leaks["counters"].get("preemptions", 0) > before, "the pool never ran out"
     assert leaks["ledger_blocks"] == []  # every version finished and gave its pages back
-    c = small_server.openai()
-    for i, prompt in enumerate(prompts):
-        alone = c.completions.create(
-            model=small_server.model,
-            prompt=prompt,
-            max_tokens=PRESSURE_OUTPUT,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
-        assert texts[i] == alone.choices[0].text, f"stream {i}"
-    c.close()
+    assert texts == texts_alone(small_server, prompts, PRESSURE_OUTPUT)
     small_server.release_all()
     small_server.check_clean()
