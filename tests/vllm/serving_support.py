@@ -158,12 +158,14 @@ def hunt_window(attempt: Callable[[float], str], tries: int = 12, hi: float = 0.
     raise AssertionError(f"no attempt hit the window: {outcomes}")
 
 
-def long_stream(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str) -> Any:
+def long_stream(
+    c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str, max_tokens: int = 3500
+) -> Any:
     """A long streamed version of ``scope`` with its first chunk read."""
     stream = c.completions.create(
         model=server.model,
         prompt=tokens,
-        max_tokens=3500,
+        max_tokens=max_tokens,
         temperature=0,
         stream=True,
         extra_body={"ignore_eos": True, **scoped(scope)},
@@ -197,10 +199,14 @@ def interrupt(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: 
     raise AssertionError(f"every version of {scope} ran to its end before its client went away")
 
 
-def pause_running(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str) -> Any:
-    """A long streamed version of ``scope`` paused while it runs; returns its stream."""
+def pause_running(
+    c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str, max_tokens: int = 3500
+) -> Any:
+    """A long streamed version of ``scope`` paused while it runs; returns its stream. (A test
+    that reads it to its end asks for fewer tokens: the pause lands a few steps after the first
+    chunk, and a version that ends before it is tried again.)"""
     for _ in range(ATTEMPTS):
-        stream = long_stream(c, server, tokens, scope)
+        stream = long_stream(c, server, tokens, scope, max_tokens)
         paused = HTTP.post(f"{server.base}/v1/scopes/{scope}/pause")
         if paused.status_code == 200:
             assert paused.json()["state"] == "paused"

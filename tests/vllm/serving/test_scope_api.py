@@ -91,7 +91,7 @@ def test_pause_resume_cancel_and_status(client: openai.OpenAI, retire_server: Re
     idle = HTTP.post(f"{base}/v1/scopes/api/pause")  # nothing runs that could be paused
     assert idle.status_code == 409 and idle.json()["error"]["code"] == "illegal_scope_transition"
     # Paused, a version cannot reach its end: what follows does not race the engine.
-    resumed = pause_running(client, retire_server, prompt(31, 70), "api")
+    resumed = pause_running(client, retire_server, prompt(31, 70), "api", max_tokens=400)
     again = HTTP.post(f"{base}/v1/scopes/api/pause")
     assert again.status_code == 409 and again.json()["error"]["code"] == "illegal_scope_transition"
     assert status(retire_server, "api").json()["state"] == "paused"
