@@ -50,9 +50,10 @@ typecheck: setup-vllm
 test-core: setup lint
 	$(VENV)/bin/pytest -q -n auto -m "not vllm"
 
-# pytest-xdist: one worker per CPU; every vLLM test on one of them (tests/conftest.py)
+# pytest-xdist: one worker per CPU; every vLLM test on one of them (tests/conftest.py), which is
+# the run's critical path: the slowest tests are listed at the end (CI's budget is 30 minutes)
 test: setup-vllm lint typecheck
-	$(VENV)/bin/pytest -q -n auto
+	$(VENV)/bin/pytest -q -n auto --durations=25
 
 # Mutation testing of retire_core's protocol modules (not part of `make test`): mutmut, killed by
 # the core tests and then the explorer of `retire check --profile quick` (pyproject's
