@@ -1,16 +1,20 @@
 """KV-pool pressure over HTTP: concurrent streams through a pool too small for all of them at
 once, stock vLLM's OpenAI server against ``retire serve``, same model and engine options.
 
-``python -m retire_bench.pressure [--blocks 24] [--streams 3 5] [--json PATH]`` starts each server
-in turn on the tiny default model with a KV pool of ``--blocks`` blocks, and for each stream count
-opens that many greedy completion streams at once (``--prompt`` tokens each, new random prompts,
+``python -m retire_bench.pressure [--blocks 24] [--streams 3 5] [--reps 5] [--json PATH]`` starts
+both servers (each idle but for the round under way) on the tiny default model with a KV pool of
+``--blocks`` blocks, and for each stream count runs ``--reps`` rounds on each, alternating which
+server goes first, the same prompts to both in a rep. A round opens that many greedy completion
+streams at once (``--prompt`` tokens each, new random prompts,
 ``--output`` tokens out, EOS ignored; Retire's on scopes of their own), each bounded by
 ``--stream-timeout`` seconds. When their blocks outgrow the pool vLLM preempts a request: it frees
-the request's blocks and computes them again later. Reported per server and stream count: the
-streams that ended with every token, the tokens received, the wall time, vLLM's preemption count
+the request's blocks and computes them again later. Reported per round: the streams that ended
+with every token, the tokens received, the wall time, vLLM's preemption count
 (stock: its metric; Retire: ``retire_preemptions_total``) and, for ``retire serve``, how many
 finished texts equal stock vLLM's (greedy, the same prompts), what its ledger still retains once the
-clients are done and how many blocks are free after the scopes are cancelled. Measured here because
+clients are done and how many blocks are free after the scopes are cancelled; per stream count,
+each server's median wall time and Retire's against stock's (one stream: no preemption, Retire's
+cost on the plain path of this tiny model's short steps). Measured here because
 it is where Retire's retention of a running version's pages meets vLLM's preemption
 (docs/design-preemption.md); a table and the JSON. Not here: revisions (``serving``).
 """
@@ -21,6 +25,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -97,48 +102,93 @@ def _preemptions(server: Server) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Both servers up at once, idle but for the round under way; for each stream count,
+    ``--reps`` rounds on each, alternating which goes first, the same prompts to both in a rep."""
     model = str(ensure_default_model())
     options = model_options(model, args.blocks)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="retire-pressure-") as tmp:
-        for name in ("stock", "retire"):
-            print(f"starting {name} with a pool of {args.blocks} blocks ...", flush=True)
-            if name == "stock":
-                server: Server = StockServer(Path(tmp) / name, model, ["--model", model, *options])
-            else:
-                server = RetireServer(Path(tmp) / name, options=options, log=False)
+        print(
+            f"starting stock and retire, each with a pool of {args.blocks} blocks ...", flush=True
+        )
+        stock = StockServer(Path(tmp) / "stock", model, ["--model", model, *options])
+        try:
+            retire = RetireServer(Path(tmp) / "retire", options=options, log=False)
             try:
-                for seed, streams in enumerate(args.streams):
-                    before = _preemptions(server)
-                    row = asyncio.run(_round(server, streams, args, seed, name == "retire"))
-                    time.sleep(2.0)  # vLLM's metrics lag its steps: let the last ones land
-                    after = _preemptions(server)
-                    row["server"] = name
-                    row["preemptions"] = None if before is None or after is None else after - before
-                    if isinstance(server, RetireServer):
-                        leaks = server.leaks()
-                        row["retained_blocks_after_clients"] = len(leaks["ledger_blocks"])
-                        row["free_blocks_after_clients"] = leaks["free_blocks"]
-                        server.release_all()  # cancel: what the scopes hold is given back
-                        server.check_clean()
-                        row["free_blocks_after_cancel"] = server.leaks()["free_blocks"]
-                        # the same prompts went to stock vLLM: greedy, so the same text
-                        stock = next(r for r in rows if r["streams"] == streams)
-                        row["same_text_as_stock"] = sum(
+                for streams in args.streams:
+                    for rep in range(args.reps):
+                        seed = streams * 1000 + rep
+                        pair = [("stock", stock), ("retire", retire)]
+                        texts: list[str | None] = []
+                        for name, server in pair if rep % 2 == 0 else pair[::-1]:
+                            row = _measured_round(server, name, streams, args, seed)
+                            row["rep"] = rep
+                            rows.append(row)
+                            if name == "stock":
+                                texts = row["texts"]
+                        retire_row = next(
+                            r for r in rows[-2:] if r["server"] == "retire"
+                        )  # the same prompts went to stock vLLM: greedy, so the same text
+                        retire_row["same_text_as_stock"] = sum(
                             t is not None and t == s
-                            for t, s in zip(row["texts"], stock["texts"], strict=True)
+                            for t, s in zip(retire_row["texts"], texts, strict=True)
                         )
-                    rows.append(row)
-                    print(_line(row), flush=True)
+                        for row in rows[-2:]:
+                            print(_line(row), flush=True)
             finally:
-                server.stop()
+                retire.stop()
+        finally:
+            stock.stop()
     return {
         "blocks": args.blocks,
         "prompt": args.prompt,
         "output": args.output,
+        "reps": args.reps,
         "stream_timeout_s": args.stream_timeout,
+        "summary": _summary(rows, args.streams),
         "rows": rows,
     }
+
+
+def _measured_round(
+    server: Server, name: str, streams: int, args: argparse.Namespace, seed: int
+) -> dict[str, Any]:
+    before = _preemptions(server)
+    row = asyncio.run(_round(server, streams, args, seed, name == "retire"))
+    time.sleep(2.0)  # vLLM's metrics lag its steps: let the last ones land
+    after = _preemptions(server)
+    row["server"] = name
+    row["preemptions"] = None if before is None or after is None else after - before
+    if isinstance(server, RetireServer):
+        leaks = server.leaks()
+        row["retained_blocks_after_clients"] = len(leaks["ledger_blocks"])
+        row["free_blocks_after_clients"] = leaks["free_blocks"]
+        server.release_all()  # cancel: what the scopes hold is given back
+        server.check_clean()
+        row["free_blocks_after_cancel"] = server.leaks()["free_blocks"]
+    return row
+
+
+def _summary(rows: list[dict[str, Any]], counts: list[int]) -> list[dict[str, Any]]:
+    """Per stream count: each server's median wall time, finished streams and preemptions over
+    its rounds, and Retire's median against stock's."""
+    out = []
+    for streams in counts:
+        entry: dict[str, Any] = {"streams": streams}
+        for name in ("stock", "retire"):
+            mine = [r for r in rows if r["server"] == name and r["streams"] == streams]
+            entry[name] = {
+                "wall_s_median": statistics.median(r["wall_s"] for r in mine),
+                "wall_s": [r["wall_s"] for r in mine],
+                "finished": sum(r["finished"] for r in mine),
+                "of": streams * len(mine),
+                "preemptions": sum(r["preemptions"] or 0 for r in mine),
+            }
+        mine = [r for r in rows if r["server"] == "retire" and r["streams"] == streams]
+        entry["retire"]["same_text_as_stock"] = sum(r["same_text_as_stock"] for r in mine)
+        entry["wall_ratio"] = entry["retire"]["wall_s_median"] / entry["stock"]["wall_s_median"]
+        out.append(entry)
+    return out
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -153,8 +203,9 @@ def _line(row: dict[str, Any]) -> str:
         extra += f", same text as stock {row['same_text_as_stock']} of {row['streams']}"
     pre = "-" if row["preemptions"] is None else f"{row['preemptions']:.0f}"
     return (
-        f"  {row['server']:>6} {row['streams']} streams: {row['finished']} finished, "
-        f"{row['timed_out']} timed out, {row['wall_s']:.1f} s, preemptions {pre}{extra}"
+        f"  {row['server']:>6} {row['streams']} streams (rep {row['rep']}): "
+        f"{row['finished']} finished, {row['timed_out']} timed out, {row['wall_s']:.2f} s, "
+        f"preemptions {pre}{extra}"
     )
 
 
@@ -165,12 +216,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=150)
     ap.add_argument("--output", type=int, default=100)
     ap.add_argument("--stream-timeout", type=float, default=30.0)
+    ap.add_argument("--reps", type=int, default=5, help="rounds per server and stream count")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     doc = run(args)
-    print(f"KV pool of {args.blocks} blocks, {args.prompt}-token prompts, {args.output} out")
-    for row in doc["rows"]:
-        print(_line(row))
+    print(
+        f"KV pool of {args.blocks} blocks, {args.prompt}-token prompts, {args.output} out, "
+        f"{args.reps} rounds each (median wall; preemptions and finished streams summed)"
+    )
+    print(
+        "| streams | stock wall | retire wall | retire/stock | finished (stock, retire) "
+        "| preemptions (stock, retire) | retire's text = stock's |"
+    )
+    print("|---:|---:|---:|---:|---|---|---:|")
+    for e in doc["summary"]:
+        st, rt = e["stock"], e["retire"]
+        print(
+            f"| {e['streams']} | {st['wall_s_median']:.2f} s | {rt['wall_s_median']:.2f} s "
+            f"| {e['wall_ratio']:.2f}x | {st['finished']}/{st['of']}, {rt['finished']}/{rt['of']} "
+            f"| {st['preemptions']:.0f}, {rt['preemptions']:.0f} "
+            f"| {rt['same_text_as_stock']}/{rt['of']} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2))
     return 0
