@@ -12,7 +12,8 @@ check yields a counterexample to induction (CTI), which ``bmc`` then tries to co
 initial state. ``bmc`` unrolls the transition relation to a given depth and looks for a state
 violating an invariant; a trace it finds is turned into concrete action instances and replayed
 through ``retire_core`` (``replay_on_core``) so the report says whether the core itself
-misbehaves. Every query runs under a timeout; a timeout is reported as ``unknown``. The
+misbehaves. Every query runs under a timeout; a timeout is reported as ``unknown``, and a
+consecution query left unknown is asked again over two elements per sort (``_bounded_cti``). The
 symbolic interpretation lives in ``z3_interp``; nothing here restates a guard or an effect.
 """
 
@@ -294,6 +295,8 @@ def prove(
                 detail = "counterexample to induction: " + describe_cti(
                     I, model, pre, action, params
                 )
+            elif res == UNKNOWN:
+                res, detail = _bounded_cti(props, p, action, timeout_ms, why)
             checks.append(Check(f"{p.name}: {action.name}", res, time.perf_counter() - t, detail))
             # A CTI alone does not show a reachable violation: it stays unknown unless BMC
             # finds a trace from the initial state.
@@ -330,6 +333,28 @@ def prove(
         vacuity,
         vacuity_checks,
     )
+
+
+def _bounded_cti(
+    props: Sequence[Invariant], prop: Invariant, action: Action, timeout_ms: int, why: str
+) -> tuple[str, str]:
+    """A consecution query Z3 left unknown (model finding with quantifiers gives up depending on
+    the names of its variables, and a loaded machine can time it out), asked again over two
+    elements per sort, where it is quantifier-free. A model there is a model of the query (the
+    sorts are uninterpreted), so a counterexample to induction found there stands; anything
+    else leaves the query unknown (no counterexample over two elements proves nothing)."""
+    F = FiniteSymbolic(FALLBACK_SIZES)
+    pre = F.symbolic_state("pre")
+    params = F.action_params(action, "step")
+    post = F.successor(pre, action, params)
+    s = _solver(timeout_ms)
+    s.add(*[p.holds(F, pre) for p in props], F._b(action.guard(F, pre, *params)))
+    s.add(z3.Not(prop.holds(F, post)))
+    res, model, finite_why = _check(s)
+    if res == VIOLATED and model is not None:
+        cti = describe_cti(F, model, pre, action, params)
+        return VIOLATED, f"counterexample to induction (two elements per sort): {cti}"
+    return UNKNOWN, f"{why}; over two elements per sort: {finite_why or 'no counterexample'}"
 
 
 def non_vacuity(

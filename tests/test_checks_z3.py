@@ -4,6 +4,8 @@ is caught."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 
@@ -105,3 +107,23 @@ def test_a_weakened_publication_guard_is_refuted() -> None:
     assert "stays safe" in report.bmc.replay
     cti = [c for c in report.checks if c.status == "violated"]
     assert cti and "counterexample to induction: publish" in cti[0].detail
+
+
+def test_an_undecided_induction_query_is_asked_again_over_two_elements_per_sort(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Z3 leaves a consecution query unknown now and then (quantifiers; a loaded machine's
+    timeout): it is asked again over two elements per sort, where the counterexample to induction
+    of a leaking chain collapse is found, so the mutant is still refuted. With that query
+    undecided too, nothing is (the test above)."""
+    real = proofs._check
+
+    def unbounded_undecided(solver: Any) -> tuple[str, Any, str]:
+        if "declare-datatypes" not in solver.sexpr():  # the uninterpreted sorts' queries
+            return UNKNOWN, None, "timeout (simulated)"
+        return real(solver)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(proofs, "_check", unbounded_undecided)
+    verdict = judge(MUTANTS["spec_chain_collapse_leaks"])
+    assert verdict.killed, verdict.detail
+    assert "pins_belong_to_pending_successor: supersede" in verdict.detail["z3"]
