@@ -68,10 +68,10 @@ def main() -> int:
 
 
 def preempted(facade: Any, checker: Any, rng: random.Random) -> dict[str, Any]:
-    """Eight scopes that outgrow the 64-block pool together (10 blocks of 32 tokens each at the end,
-    80 against 63 usable): vLLM preempts some; a preempted
-    version's request and both ranks deliver receipts before its pages go, and it runs again
-    as ``<request>#<n>`` with its ranks ``<request>#<n>/rank<r>``."""
+    """Eight scopes that outgrow the 64-block pool together (10 blocks of 32 tokens each at the
+    end, 80 against 63 usable): vLLM preempts some; a preempted version's request and both ranks
+    deliver receipts before its pages go, and it runs again as ``<request>#<n>`` with its ranks
+    ``<request>#<n>/rank<r>``."""
     scopes = [f"p{i}" for i in range(8)]
     for scope in scopes:
         facade.submit(scope, [rng.randrange(1, 2048) for _ in range(200)], max_tokens=120)
