@@ -5,17 +5,16 @@ once, stock vLLM's OpenAI server against ``retire serve``, same model and engine
 both servers (each idle but for the round under way) on the tiny default model with a KV pool of
 ``--blocks`` blocks, and for each stream count runs ``--reps`` rounds on each, alternating which
 server goes first, the same prompts to both in a rep. A round opens that many greedy completion
-streams at once (``--prompt`` tokens each, new random prompts,
-``--output`` tokens out, EOS ignored; Retire's on scopes of their own), each bounded by
-``--stream-timeout`` seconds. When their blocks outgrow the pool vLLM preempts a request: it frees
-the request's blocks and computes them again later. Reported per round: the streams that ended
-with every token, the tokens received, the wall time, vLLM's preemption count
-(stock: its metric; Retire: ``retire_preemptions_total``) and, for ``retire serve``, how many
-finished texts equal stock vLLM's (greedy, the same prompts), what its ledger still retains once the
-clients are done and how many blocks are free after the scopes are cancelled; per stream count,
-each server's median wall time and Retire's against stock's (one stream: no preemption, Retire's
-cost on the plain path of this tiny model's short steps). Measured here because
-it is where Retire's retention of a running version's pages meets vLLM's preemption
+streams at once (``--prompt`` tokens each, new random prompts, ``--output`` tokens out, EOS ignored;
+Retire's on scopes of their own), each bounded by ``--stream-timeout`` seconds. When their blocks
+outgrow the pool vLLM preempts a request: it frees the request's blocks and computes them again
+later. Reported per round: the streams that ended with every token, the tokens received, the wall
+time, vLLM's preemption count (stock: its metric; Retire: ``retire_preemptions_total``) and, for
+``retire serve``, how many finished texts equal stock vLLM's (greedy, the same prompts), what its
+ledger still retains once the clients are done and how many blocks are free after the scopes are
+cancelled; per stream count, each server's median wall time and Retire's against stock's (one
+stream: no preemption, Retire's cost on the plain path of this tiny model's short steps). Measured
+here because it is where Retire's retention of a running version's pages meets vLLM's preemption
 (docs/design-preemption.md); a table and the JSON. Not here: revisions (``serving``).
 """
 
@@ -119,19 +118,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for rep in range(args.reps):
                         seed = streams * 1000 + rep
                         pair = [("stock", stock), ("retire", retire)]
-                        texts: list[str | None] = []
+                        this_rep: dict[str, dict[str, Any]] = {}
                         for name, server in pair if rep % 2 == 0 else pair[::-1]:
                             row = _measured_round(server, name, streams, args, seed)
                             row["rep"] = rep
                             rows.append(row)
-                            if name == "stock":
-                                texts = row["texts"]
-                        retire_row = next(
-                            r for r in rows[-2:] if r["server"] == "retire"
-                        )  # the same prompts went to stock vLLM: greedy, so the same text
-                        retire_row["same_text_as_stock"] = sum(
+                            this_rep[name] = row
+                        # the same prompts went to stock vLLM: greedy, so the same text
+                        this_rep["retire"]["same_text_as_stock"] = sum(
                             t is not None and t == s
-                            for t, s in zip(retire_row["texts"], texts, strict=True)
+                            for t, s in zip(
+                                this_rep["retire"]["texts"], this_rep["stock"]["texts"], strict=True
+                            )
                         )
                         for row in rows[-2:]:
                             print(_line(row), flush=True)

@@ -369,7 +369,7 @@ def non_vacuity(
     such a query is asked again over a universe of two elements per sort, where the quantifiers
     expand: a model there is a model (the sorts are uninterpreted), so its ``sat`` stands."""
     out: list[Check] = []
-    finite = FiniteSymbolic({"Scope": 2, "Part": 2, "Frame": 2, "Page": 2})
+    finite = FiniteSymbolic(FALLBACK_SIZES)
 
     def ask(name: str, build: Callable[[Symbolic], list[Any]]) -> None:
         t = time.perf_counter()
