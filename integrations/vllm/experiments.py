@@ -242,7 +242,12 @@ def _make_gate_scheduler() -> type[Any]:
 
 
 def exp_stale(consumer_delay_s: float = 0.3, abort_after: int = 3) -> Result:
-    """AsyncLLM + slow DELTA consumer: count predecessor tokens that reach the app after abort."""
+    """AsyncLLM + slow DELTA consumer: count predecessor tokens that reach the app after abort.
+
+    The request asks for far more tokens than the engine makes during the consumer's delay, so
+    it is still running at the abort (``running_at_abort``): one that already finished leaves
+    its whole tail in its collector as the final output, which no purge of a running request's
+    state reaches (at 200 tokens a fast day's engine finished within the delay)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -260,7 +265,7 @@ def exp_stale(consumer_delay_s: float = 0.3, abort_after: int = 3) -> Result:
             rng = random.Random(4)
             params = SamplingParams(
                 temperature=0.0,
-                max_tokens=200,
+                max_tokens=2000,
                 ignore_eos=True,
                 output_kind=RequestOutputKind.DELTA,
             )
@@ -270,7 +275,7 @@ def exp_stale(consumer_delay_s: float = 0.3, abort_after: int = 3) -> Result:
                 gen = llm.generate({"prompt_token_ids": _tokens(rng, 64)}, params, f"s-{mode}")
                 before = after = frames_after = 0
                 internal_id = None
-                aborted = False
+                aborted = running_at_abort = False
                 async for out in gen:
                     n = len(out.outputs[0].token_ids)
                     if mode == "gated" and current["version"] != 1:
@@ -284,6 +289,7 @@ def exp_stale(consumer_delay_s: float = 0.3, abort_after: int = 3) -> Result:
                         internal_id = next(iter(llm.output_processor.external_req_ids[f"s-{mode}"]))
                         await asyncio.sleep(consumer_delay_s)  # slow consumer: engine runs on
                         current["version"] = 2  # ADVANCE happens before abort
+                        running_at_abort = internal_id in llm.output_processor.request_states
                         if mode == "purge":
                             # Drop what the collector already merged (no await in between,
                             # so the output handler task cannot interleave).
@@ -299,6 +305,7 @@ def exp_stale(consumer_delay_s: float = 0.3, abort_after: int = 3) -> Result:
                     "tokens_before_abort": before,
                     "tokens_after_abort": after,
                     "frames_after_abort": frames_after,
+                    "running_at_abort": running_at_abort,
                 }
             return results
         finally:

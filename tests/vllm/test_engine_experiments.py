@@ -81,6 +81,7 @@ def test_scheduler_subclass_refuses_commits() -> None:
 
 def test_async_llm_stale_tokens_after_abort() -> None:
     r = run_experiment("stale")
+    assert all(r[mode]["running_at_abort"] for mode in ("native", "purge", "gated"))
     assert r["native"]["tokens_after_abort"] > 0  # the paper's stale publication
     assert r["purge"]["tokens_after_abort"] == 0
     assert r["gated"]["tokens_after_abort"] == 0 and r["gated"]["frames_after_abort"] == 0
