@@ -252,6 +252,9 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook("vllm.v1.outputs", "ModelRunnerOutput.kv_connector_output", _F, use="up"),
     Hook(_SO, "SchedulerOutput.kv_connector_metadata", _F, use="down: the step's blocks"),
     Hook(_MU, "extract_layer_index", _C, ("layer_name",), "the model runner's layer order"),
+    # the CPU cores vLLM reserves with no connector (step_digests.keep_cpu_reservation)
+    Hook("vllm.utils.ompmultiprocessing", "OMPProcessManager.reserve_cpu_num", _I, use="cores"),
+    Hook("vllm.platforms", "CpuArchEnum.X86", _M, use="serve: the CPU reservation per worker"),
     # beside a connector of the user's (step_digests.with_step_digests and _ours)
     Hook("vllm.config", "KVTransferConfig.kv_connector_extra_config", _F, use="children"),
     Hook("vllm.config", "KVTransferConfig.has_connector", _C, ("connector_name",), "installed?"),

@@ -176,3 +176,36 @@ def test_retire_serve_installs_the_connector_beside_the_users_and_not_with_draft
     )
     with pytest.raises(SystemExit):
         parse(["--retire-step-digests", "sometimes"])
+
+
+@pytest.mark.usefixtures("restored_environ")
+def test_retire_serve_keeps_the_cpu_cores_vllm_reserves_without_a_connector(
+    sd: ModuleType,
+) -> None:
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    def reserved(kv_transfer_config: object) -> int:
+        parallel = types.SimpleNamespace(
+            local_world_size=1, data_parallel_rank_local=None, _api_process_count=1
+        )
+        config = types.SimpleNamespace(
+            parallel_config=parallel, kv_transfer_config=kv_transfer_config
+        )
+        return int(OMPProcessManager(config).reserve_cpu_num)  # type: ignore[arg-type]
+
+    os.environ.pop(sd.RESERVED_CPU_ENV, None)
+    without = reserved(None)
+    connector = parse([]).kv_transfer_config
+    assert os.environ.pop(sd.RESERVED_CPU_ENV) == str(without)
+    # what it makes up for: vLLM reserves a core more for any connector, this one too
+    assert reserved(connector) == without + 1
+    os.environ[sd.RESERVED_CPU_ENV] = str(without)
+    assert reserved(connector) == without
+    os.environ[sd.RESERVED_CPU_ENV] = "0"  # the user's reservation is kept
+    parse([])
+    assert os.environ.pop(sd.RESERVED_CPU_ENV) == "0"
+    own = '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}'
+    parse(["--kv-transfer-config", own])  # a connector of the user's: vLLM's reservation
+    assert sd.RESERVED_CPU_ENV not in os.environ
+    parse(["--retire-step-digests", "off"])  # no connector: nothing to make up for
+    assert sd.RESERVED_CPU_ENV not in os.environ

@@ -115,8 +115,10 @@ def parse(argv: list[str]) -> Any:
         # the workers digest the blocks a step fills within the step (``step_digests``, beside
         # a connector of the user's); with speculative decoding (whose draft pass runs after
         # the connector's per-step answer) the engine side reads them after the step instead
-        from .step_digests import with_step_digests
+        from .step_digests import keep_cpu_reservation, with_step_digests
 
+        if args.kv_transfer_config is None or args.kv_transfer_config.kv_connector is None:
+            keep_cpu_reservation(tp * int(args.pipeline_parallel_size or 1))
         args.kv_transfer_config = with_step_digests(args.kv_transfer_config)
     if open_socket != "off":
         # the engine cores' ``open`` sockets (``early_opens``): a private directory, removed
