@@ -158,8 +158,12 @@ def hunt_window(attempt: Callable[[float], str], tries: int = 12, hi: float = 0.
     raise AssertionError(f"no attempt hit the window: {outcomes}")
 
 
+#: The longest version a helper starts (the default server's context holds 4,096 tokens).
+LONGEST = 3500
+
+
 def long_stream(
-    c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str, max_tokens: int = 3500
+    c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str, max_tokens: int = LONGEST
 ) -> Any:
     """A long streamed version of ``scope`` with its first chunk read."""
     stream = c.completions.create(
@@ -200,13 +204,14 @@ def interrupt(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: 
 
 
 def pause_running(
-    c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str, max_tokens: int = 3500
+    c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str, max_tokens: int = LONGEST
 ) -> Any:
     """A long streamed version of ``scope`` paused while it runs; returns its stream. (A test
     that reads it to its end asks for fewer tokens: the pause lands a few steps after the first
-    chunk, and a version that ends before it is tried again.)"""
-    for _ in range(ATTEMPTS):
-        stream = long_stream(c, server, tokens, scope, max_tokens)
+    chunk, and a version that ends before it is tried again, twice as long: how many steps the
+    pause takes to land depends on the machine's load, 400 tokens' worth was not always enough.)"""
+    for attempt in range(ATTEMPTS):
+        stream = long_stream(c, server, tokens, scope, min(max_tokens << attempt, LONGEST))
         paused = HTTP.post(f"{server.base}/v1/scopes/{scope}/pause")
         if paused.status_code == 200:
             assert paused.json()["state"] == "paused"

@@ -182,8 +182,21 @@ def test_retire_serve_installs_the_connector_beside_the_users_and_not_with_draft
 def test_retire_serve_keeps_the_cpu_cores_vllm_reserves_without_a_connector(
     sd: ModuleType,
 ) -> None:
+    from vllm import envs
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
+    # A process that built an engine reads vLLM's settings once (its envs cache); the engine
+    # core that ``retire serve`` starts reads this one at start-up, before any cache.
+    cached = envs._is_envs_cache_enabled()
+    envs.disable_envs_cache()
+    try:
+        _reservations(sd, OMPProcessManager)
+    finally:
+        if cached:
+            envs.enable_envs_cache()
+
+
+def _reservations(sd: ModuleType, manager: Any) -> None:
     def reserved(kv_transfer_config: object) -> int:
         parallel = types.SimpleNamespace(
             local_world_size=1, data_parallel_rank_local=None, _api_process_count=1
@@ -191,7 +204,7 @@ def test_retire_serve_keeps_the_cpu_cores_vllm_reserves_without_a_connector(
         config = types.SimpleNamespace(
             parallel_config=parallel, kv_transfer_config=kv_transfer_config
         )
-        return int(OMPProcessManager(config).reserve_cpu_num)  # type: ignore[arg-type]
+        return int(manager(config).reserve_cpu_num)
 
     os.environ.pop(sd.RESERVED_CPU_ENV, None)
     without = reserved(None)
