@@ -189,15 +189,26 @@ def ran_to_its_end(server: RetireServer, scope: str, refused: httpx.Response | N
     return True
 
 
-def interrupt(c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str) -> int:
+def interrupt(
+    c: openai.OpenAI, server: RetireServer, tokens: list[int], scope: str, *, paused: bool = False
+) -> int:
     """Start a long streamed version of ``scope``, read one chunk, and go away (the user
-    interrupts); return the version once vLLM's abort has closed it."""
+    interrupts); return the version once vLLM's abort has closed it. With ``paused`` the version
+    is paused before its client goes away and the scope resumed after, so the version cannot
+    run to its end first however starved the machine (in a ``make test`` run all five 3,500-token
+    versions did): for a test whose subject is what an interrupted version leaves behind, not
+    the disconnect of a running one."""
     for _ in range(ATTEMPTS):
-        old = long_stream(c, server, tokens, scope)
+        if paused:
+            old = pause_running(c, server, tokens, scope)
+        else:
+            old = long_stream(c, server, tokens, scope)
         old.close()
         deadline = time.monotonic() + 10
         while status(server, scope).json()["receipts_outstanding"] and time.monotonic() < deadline:
             time.sleep(0.05)
+        if paused:
+            assert HTTP.post(f"{server.base}/v1/scopes/{scope}/resume").json()["state"] == "active"
         if not ran_to_its_end(server, scope):
             return int(status(server, scope).json()["version"])
     raise AssertionError(f"every version of {scope} ran to its end before its client went away")

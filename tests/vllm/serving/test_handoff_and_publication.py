@@ -108,9 +108,10 @@ def test_handoff_survives_cache_pressure_from_other_requests(
     client: openai.OpenAI, retire_server: RetireServer
 ) -> None:
     """An interrupted version keeps its pages (the revision usually follows): other requests
-    cannot evict them, and the revision inherits them."""
+    cannot evict them, and the revision inherits them. (Paused before its client goes away: the
+    disconnect of a running version is ``test_scope_api``'s.)"""
     base = prompt(4, 256)
-    interrupt(client, retire_server, base, "pressure")
+    interrupt(client, retire_server, base, "pressure", paused=True)
     pressure(client, retire_server.model, 100)
     revised = [*base[:224], *prompt(5, 20)]
     after = complete(client, retire_server.model, revised, 4, **scoped("pressure"))
