@@ -15,8 +15,9 @@ step. With a connector of the user's it runs beside theirs in this module's ``Mu
 side finds its own part of the step's metadata there. A step whose digests did not come back
 (speculative decoding defers ``wait_for_save`` past the meta) falls back to the round trip, as
 does everything else that reads blocks (a finishing request's partial blocks, the byte check
-before an adoption, TP receipts). No protocol is decided here: a digest is an observation, the
-core decides.
+before an adoption, TP receipts). Installed alone, it keeps the CPU cores vLLM reserves with no
+connector (``keep_cpu_reservation``). No protocol is decided here: a digest is an observation,
+the core decides.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def keep_cpu_reservation(local_world_size: int) -> None:
     does). This one moves nothing, and on a 2-core machine the extra reservation left the worker
     two OpenMP threads on one core, spinning at every barrier: the same load took 1.5-4x as long
     on the tiny model and 1.8x on the small one, stock vLLM with this connector as well (results
-    4.7). A reservation the user set is kept, as is vLLM's with a connector of the user's (the
+    4.8). A reservation the user set is kept, as is vLLM's with a connector of the user's (the
     caller installs this one beside it without calling this). Not on a GPU platform, which
     reserves nothing."""
     from vllm.platforms import CpuArchEnum, current_platform
