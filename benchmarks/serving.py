@@ -334,8 +334,14 @@ async def _revision_latency(
     # a fresh connection per request: a kept-alive one the server times out (uvicorn: 5 s)
     # while a starved client reuses it fails the request
     fresh = {"Connection": "close"}
+    # and the load's bound on every phase (the client's default gives a connect 5 s, which a
+    # client sharing the servers' two cores exceeded: a run without --apart failed on it)
     c = openai.AsyncOpenAI(
-        base_url=f"{server.base}/v1", api_key="none", max_retries=0, default_headers=fresh
+        base_url=f"{server.base}/v1",
+        api_key="none",
+        max_retries=0,
+        default_headers=fresh,
+        timeout=CLIENT_TIMEOUT_S,
     )
     h = httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, headers=fresh)
     nan = float("nan")
