@@ -100,7 +100,7 @@ def _phase(name: str, tmp: Path, *args: object) -> tuple[dict[str, Any] | None, 
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
-        start_new_session=True,
+        process_group=0,  # not a session of its own (``servers.Server`` says why)
     )
     try:
         output, _ = proc.communicate(timeout=PHASE_TIMEOUT_S)

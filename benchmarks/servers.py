@@ -139,7 +139,12 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=_env(tmp),
-            start_new_session=True,
+            # its own process group (``stop`` signals all of it), not its own session: Linux
+            # schedules each session as one group (autogroup), and on a loaded 2-core machine a
+            # busy server in a session of its own kept the other sessions' processes, its client
+            # among them, off the CPUs for as long as it was busy (4-5 s: the whole of a
+            # 3,500-token version; measured, and gone with the server in the client's session)
+            process_group=0,
         )
         self._wait_ready()
         self.model = HTTP.get(f"{self.base}/v1/models").json()["data"][0]["id"]

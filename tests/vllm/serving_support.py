@@ -131,8 +131,9 @@ def status(server: RetireServer, scope: str, tenant: str | None = None) -> httpx
     return HTTP.get(f"{server.base}/v1/scopes/{scope}", headers=headers)
 
 
-#: How many times a helper starts its long version again when it ran to its end first: a starved
-#: machine can stall this client for as long as the engine needs for all of its tokens.
+#: How many times a helper starts its long version again when it ran to its end first: a loaded
+#: machine can keep this client off the CPUs for as long as the engine needs for all of its tokens
+#: (it did, in a session other than the server's: ``servers.Server`` keeps them in one).
 ATTEMPTS = 5
 
 
@@ -195,9 +196,8 @@ def interrupt(
     """Start a long streamed version of ``scope``, read one chunk, and go away (the user
     interrupts); return the version once vLLM's abort has closed it. With ``paused`` the version
     is paused before its client goes away and the scope resumed after, so the version cannot
-    run to its end first however starved the machine (in a ``make test`` run all five 3,500-token
-    versions did): for a test whose subject is what an interrupted version leaves behind, not
-    the disconnect of a running one."""
+    run to its end first however loaded the machine: for a test whose subject is what an
+    interrupted version leaves behind, not the disconnect of a running one."""
     for _ in range(ATTEMPTS):
         if paused:
             old = pause_running(c, server, tokens, scope)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import time
 from typing import Any
 
@@ -118,6 +119,15 @@ def test_a_disconnected_client_ends_its_version_and_the_scope_stays_live(
     after = complete(client, model, [*base, 7, 8, 9], 4, **scoped("gone"))
     assert after.usage.prompt_tokens_details.cached_tokens == (len(base) // BLOCK) * BLOCK
     assert cancel(retire_server, "gone").status_code == 200
+
+
+def test_the_server_is_a_process_group_in_the_tests_session(retire_server: RetireServer) -> None:
+    """Its own group, so that stopping it stops every process of it; the tests' session, so that
+    the kernel's per-session scheduling (autogroup) cannot keep the tests' client off the CPUs
+    while the server is busy, as it did a whole version long (``servers.Server``)."""
+    pid = retire_server.proc.pid
+    assert os.getpgid(pid) == pid
+    assert os.getsid(pid) == os.getsid(0)
 
 
 def test_two_tenants_share_no_page(client: openai.OpenAI, retire_server: RetireServer) -> None:
