@@ -28,11 +28,13 @@ and the rest of the close (HTTP in, the fence's terminal output back to the clie
 side: one deciding a revision as it reaches the engine core's ``open`` socket (``early_opens``,
 the default) and one with ``--retire-open-socket off`` (between steps, by the utility call
 alone); ``--reader`` picks one for the full run. ``--apart`` puts the client on a CPU of its own
-and the servers on the others, as a client on another machine (sharing two cores, the client
-itself is starved for seconds at times, against stock vLLM's server as against ``retire
-serve``). ``--model-size small`` runs both servers on a larger locally built model, whose
-heavier step shows how Retire's per-step cost compares with a model step longer than the tiny
-model's few milliseconds. The client reads every stream through
+and the servers on the others, as a client on another machine. (Without it the client shares
+the cores with the servers; until results.md 8.14 it was then starved for seconds at times,
+by stock vLLM's server as by ``retire serve``: each server ran in a session of its own, which
+Linux's per-session scheduling favoured over the client's. ``servers.Server`` now keeps them
+in the client's session.) ``--model-size small`` runs both servers on a larger locally built
+model, whose heavier step shows how Retire's per-step cost compares with a model step longer
+than the tiny model's few milliseconds. The client reads every stream through
 ``retire_vllm.client.each_chunk``, so a long old stream does not hold up the revision sent
 beside it.
 
