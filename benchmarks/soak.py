@@ -21,10 +21,11 @@ visit), is cancelled (``POST /v1/scopes/{scope}/cancel``: its stream ends ``canc
 slot's new scope, under a new id, is opened at once with a one-token version), or is closed
 by the client (vLLM aborts it; the scope keeps its pages for the next visit's revision). The
 server's idle expiry (``--ttl``, default the server's 900 s) cancels scopes not visited for that
-long and forgets cancelled ones that long after: a visit that finds its scope expired gets 409
-``scope_cancelled`` and opens the slot's new scope, one that finds it forgotten opens it again
-under the same id (version 0). Scope records therefore number the live scopes plus those
-cancelled within the last ttl: flat only in a run longer than the ttl.
+long (clients that cycle through the scopes faster than that leave one idle past its expiry
+every ``--rest-every`` bursts) and forgets cancelled ones that long after: a visit that finds
+its scope expired gets 409 ``scope_cancelled`` and opens the slot's new scope, one that finds it
+forgotten opens it again under the same id (version 0). Scope records therefore number the
+live scopes plus those cancelled within the last ttl: flat only in a run longer than the ttl.
 
 Measured: requests/s (generation requests answered), supersede latency (revision sent -> old
 stream ended with ``superseded``), first-token latency (request sent -> first token; all
@@ -42,7 +43,8 @@ expiry period after their idle time), anything left at the end, and (``--max-rss
 memory that grows: after the first quarter of the run (start-up), the median RSS of the last
 half against the first half of what is left, per process.
 
-``python -m retire_bench.soak [--scopes 1000] [--seconds 600] [--clients 48] [--json PATH]``
+``python -m retire_bench.soak [--scopes 1000] [--seconds 600] [--clients 48] [--ttl 900]
+[--rest-every 0] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ class SoakConfig:
     tenants: int = 4
     sample_s: float = 5.0
     ttl_s: float = 900.0  # the server's --retire-scope-ttl (its default)
+    rest_every: int = 0  # every this many bursts, one leaves its scope idle past its expiry
     timeout_s: float = 120.0  # the longest wait for any one thing (a token, a stream's end)
     warmup: bool = True  # open every scope before the load starts (``Soak.open_all``)
     seed: int = 0
@@ -236,6 +239,11 @@ def growth(series: Sequence[tuple[float, float]], warmup: float = 0.25) -> dict[
 def sweep_period(ttl_s: float) -> float:
     """How often ``retire serve`` sweeps idle scopes (``RetireAsyncLLM.expire_idle_scopes``)."""
     return max(1.0, min(ttl_s / 4, 30.0))
+
+
+def rest_s(ttl_s: float) -> float:
+    """How long a resting scope stays idle: past its ttl and the sweep that expires it."""
+    return ttl_s + sweep_period(ttl_s) + 1.0
 
 
 def bound_problems(
@@ -532,7 +540,17 @@ class Soak:
             except Exception as err:  # recorded: the verdict fails on it
                 self.tally.error(f"client crashed: {type(err).__name__}", f"{err!r:.300}")
             finally:
-                idle.put_nowait(slot)
+                self._put_back(idle, slot)
+
+    def _put_back(self, idle: asyncio.Queue[Slot], slot: Slot) -> None:
+        """Back in the queue at once, or after its scope rested (idle past its expiry, every
+        ``rest_every``-th burst): however fast the clients cycle through the scopes, the
+        server's expiry then cancels idle ones while the load runs."""
+        every = self.cfg.rest_every
+        if every and self.tally.bursts % every == 0:
+            asyncio.get_running_loop().call_later(rest_s(self.cfg.ttl_s), idle.put_nowait, slot)
+        else:
+            idle.put_nowait(slot)
 
     # ---- sampling ---------------------------------------------------------------------------
 
@@ -744,6 +762,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-revisions", type=int, default=d.max_revisions)
     p.add_argument("--ttl", type=float, default=d.ttl_s, help="the server's scope expiry")
     p.add_argument("--sample-s", type=float, default=d.sample_s)
+    p.add_argument(
+        "--rest-every",
+        type=int,
+        default=d.rest_every,
+        help="every this many bursts, one leaves its scope idle until it expires (0: never)",
+    )
     p.add_argument("--blocks", type=int, default=2048, help="KV pool of the server")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-log", action="store_true", help="no core log (none validated)")
@@ -757,12 +781,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if min(args.scopes, args.clients, args.max_revisions) < 1 or args.seconds <= 0:
         p.error("--scopes, --clients, --max-revisions and --seconds must be positive")
+    if args.rest_every < 0:
+        p.error("--rest-every must be 0 or positive")
     cfg = SoakConfig(
         scopes=args.scopes,
         seconds=args.seconds,
         clients=args.clients,
         max_revisions=args.max_revisions,
         ttl_s=args.ttl,
+        rest_every=args.rest_every,
         sample_s=args.sample_s,
         seed=args.seed,
     )
