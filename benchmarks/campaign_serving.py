@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retire_bench.servers import RETIRE, RetireServer
+from retire_bench.servers import RETIRE, RetireServer, engine_core_pid
 
 if TYPE_CHECKING:
     from retire_bench.campaign import Outcome
@@ -36,24 +36,6 @@ if TYPE_CHECKING:
 READ_TIMEOUT_S = 10.0
 KILL_WINDOW_S = 0.06  # the kill lands this long after the revision is sent, at most
 DEAD_WITHIN_S = 60.0  # the API process must stop serving within this time of the kill
-ENGINE_CORE = "VLLM::EngineCor"  # /proc/PID/comm of vLLM's engine-core process (15 chars)
-
-
-def engine_core_pid(server: RetireServer) -> int:
-    """The engine-core process below ``server``'s process."""
-    todo = [server.proc.pid]
-    while todo:
-        pid = todo.pop()
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == ENGINE_CORE:
-                return pid
-            for task in os.listdir(f"/proc/{pid}/task"):
-                todo += [
-                    int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-                ]
-        except FileNotFoundError:
-            continue
-    raise RuntimeError(f"no {ENGINE_CORE} process below pid {server.proc.pid}")
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -152,7 +134,10 @@ def engine_core_killed(
     reviser = threading.Thread(target=revise, daemon=True)
     reviser.start()
     time.sleep(rng.uniform(0.0, KILL_WINDOW_S))
-    os.kill(engine_core_pid(victim), signal.SIGKILL)
+    engine_core = engine_core_pid(victim.proc.pid)
+    if engine_core is None:
+        raise RuntimeError(f"no engine-core process below pid {victim.proc.pid}")
+    os.kill(engine_core, signal.SIGKILL)
     killed = time.monotonic()
     out.injected = True
     out.detected = _stopped_serving(victim)

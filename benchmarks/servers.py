@@ -8,6 +8,7 @@ against the spec (``retire validate-trace``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -112,6 +113,37 @@ HELD = (
     "early_openings",
     "live_scopes",
 )
+
+
+#: The title vLLM gives its engine-core process (``/proc/PID/comm`` keeps its first 15 bytes).
+ENGINE_CORE_TITLE = "VLLM::EngineCore"
+
+
+def engine_core_pid(api_pid: int) -> int | None:
+    """The engine-core process below a server's API process; None when there is none."""
+    import psutil  # type: ignore[import-untyped]
+
+    try:
+        below = psutil.Process(api_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for process in below:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.name().startswith(ENGINE_CORE_TITLE[:15]):
+                return int(process.pid)
+    return None
+
+
+def rss_bytes(pid: int | None) -> int | None:
+    """The resident memory of ``pid``; None when it is gone."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def leak_problems(leaks: dict[str, Any]) -> dict[str, Any]:

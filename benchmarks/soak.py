@@ -30,7 +30,7 @@ live scopes plus those cancelled within the last ttl: flat only in a run longer 
 Measured: requests/s (generation requests answered), supersede latency (revision sent -> old
 stream ended with ``superseded``), first-token latency (request sent -> first token; all
 versions and revisions only), the resident memory of the API process and of the engine-core
-process (``/proc``) every ``--sample-s`` seconds, with what the server says each of its
+process (psutil) every ``--sample-s`` seconds, with what the server says each of its
 structures holds (``GET /v1/retire/leaks``: ``sizes``, ``api_sizes``). At the end every live
 scope is cancelled, cancelled scopes are forgotten (``POST /v1/retire/expire``), and the server
 must hold nothing: no block, pin, cached page, request, admission, scope record.
@@ -53,7 +53,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import statistics
 import sys
@@ -73,7 +72,7 @@ from retire_vllm.engine_config import BLOCK_SIZE
 
 from .arms import App, Stream
 from .metrics import percentile
-from .servers import RetireServer, leak_problems, pool_options
+from .servers import RetireServer, engine_core_pid, leak_problems, pool_options, rss_bytes
 
 #: How a stream may end: its finish reasons, ``closed`` (by the client, on purpose), and the
 #: refusals a visit may meet when its scope expired while idle: a request on it, or a cancel
@@ -161,51 +160,6 @@ class Tally:
 
 class Stall(Exception):
     """Nothing happened on a stream for ``timeout_s``."""
-
-
-# --- processes and memory (/proc) -------------------------------------------------------------
-
-
-def children(pid: int) -> list[int]:
-    """The direct children of ``pid`` (from ``/proc/*/stat``)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(entry))
-    return out
-
-
-def engine_core_pid(api_pid: int) -> int | None:
-    """The engine-core process of a ``retire serve`` (vLLM titles it ``VLLM::EngineCore``)."""
-    for child in children(api_pid):
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as f:
-                if f.read().startswith(b"VLLM::EngineCore"):
-                    return child
-        except OSError:
-            continue
-    return None
-
-
-def rss_bytes(pid: int | None) -> int | None:
-    """Resident set size of ``pid`` (``VmRSS``), None when it is gone."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 # --- the verdict (pure functions of what was recorded) ----------------------------------------
