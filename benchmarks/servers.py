@@ -3,7 +3,8 @@
 Each is started as a subprocess on 127.0.0.1 with a free port, its console going to a log file,
 and is ready when ``/health`` answers. ``RetireServer.check_clean`` asks the server what Retire
 and vLLM still hold (``GET /v1/retire/leaks``); ``close`` stops it and validates the core log
-against the spec (``retire validate-trace``).
+against the spec (``retire validate-trace``). ``engine_core_pid`` and ``rss_bytes`` read a
+server's processes (psutil).
 """
 
 from __future__ import annotations
