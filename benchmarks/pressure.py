@@ -1,7 +1,7 @@
 """KV-pool pressure over HTTP: concurrent streams through a pool too small for all of them at
 once, stock vLLM's OpenAI server against ``retire serve``, same model and engine options.
 
-``python -m retire_bench.pressure [--blocks 24] [--streams 3 5] [--reps 5] [--json PATH]`` starts
+``python -m retire_bench.pressure [--blocks 24] [--streams 3 5] [--reps 15] [--json PATH]`` starts
 both servers (each idle but for the round under way) on the tiny default model with a KV pool of
 ``--blocks`` blocks, and for each stream count runs ``--reps`` rounds on each, alternating which
 server goes first, the same prompts to both in a rep. A round opens that many greedy completion
@@ -12,8 +12,12 @@ later. Reported per round: the streams that ended with every token, the tokens r
 time, vLLM's preemption count (stock: its metric; Retire: ``retire_preemptions_total``) and, for
 ``retire serve``, how many finished texts equal stock vLLM's (greedy, the same prompts), what its
 ledger still retains once the clients are done and how many blocks are free after the scopes are
-cancelled; per stream count, each server's median wall time and Retire's against stock's (one
-stream: no preemption, Retire's cost on the plain path of this tiny model's short steps). Measured
+cancelled; the CPU seconds each of the server's processes spent in the round (the engine core,
+its workers, the API process) and, for ``retire serve``, its time in its in-step hooks; per
+stream count, each server's medians and Retire's wall time against stock's (one stream: no
+preemption, Retire's cost on the plain path of this tiny model's short steps). The CPU tells a
+round's wall time apart from the engine core's busy wait for its workers, which took 0.04-0.10 s
+of some rounds and 0.23-0.27 s of others on either server (results 4.8). Measured
 here because it is where Retire's retention of a running version's pages meets vLLM's preemption
 (docs/design-preemption.md); a table and the JSON. Not here: revisions (``serving``).
 """
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from retire_bench.accounts import CPU_ROLES, engine_time, spent_since, tree_cpu_seconds
 from retire_bench.servers import HTTP, RetireServer, Server, StockServer, model_options
 from retire_vllm.client import scoped
 from retire_vllm.default_model import ensure_default_model
@@ -151,12 +156,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _measured_round(
     server: Server, name: str, streams: int, args: argparse.Namespace, seed: int
 ) -> dict[str, Any]:
+    retire = isinstance(server, RetireServer)
     before = _preemptions(server)
-    row = asyncio.run(_round(server, streams, args, seed, name == "retire"))
+    engine = asyncio.run(engine_time(server)) if retire else None
+    cpu = tree_cpu_seconds(server.proc.pid)
+    row = asyncio.run(_round(server, streams, args, seed, retire))
+    # read at once: the workers go on spinning for a while after their last step
+    row["cpu_s"] = spent_since(tree_cpu_seconds(server.proc.pid), cpu)
     time.sleep(2.0)  # vLLM's metrics lag its steps: let the last ones land
     after = _preemptions(server)
     row["server"] = name
     row["preemptions"] = None if before is None or after is None else after - before
+    if engine is not None:
+        spent = spent_since(asyncio.run(engine_time(server)), engine)
+        row["hooks_in_step_s"] = spent["schedule"] + spent["commit"]
+        row["steps"] = spent["steps"]
     if isinstance(server, RetireServer):
         leaks = server.leaks()
         row["retained_blocks_after_clients"] = len(leaks["ledger_blocks"])
@@ -169,7 +183,9 @@ def _measured_round(
 
 def _summary(rows: list[dict[str, Any]], counts: list[int]) -> list[dict[str, Any]]:
     """Per stream count: each server's median wall time, finished streams and preemptions over
-    its rounds, and Retire's median against stock's."""
+    its rounds, and Retire's median against stock's; each server's median CPU seconds a round by
+    process (``CPU_ROLES``), and Retire's median time in its in-step hooks (schedule, commit)
+    and steps a round."""
     out = []
     for streams in counts:
         entry: dict[str, Any] = {"streams": streams}
@@ -181,9 +197,16 @@ def _summary(rows: list[dict[str, Any]], counts: list[int]) -> list[dict[str, An
                 "finished": sum(r["finished"] for r in mine),
                 "of": streams * len(mine),
                 "preemptions": sum(r["preemptions"] or 0 for r in mine),
+                "cpu_s_median": {
+                    role: statistics.median(r["cpu_s"][role] for r in mine) for role in CPU_ROLES
+                },
             }
         mine = [r for r in rows if r["server"] == "retire" and r["streams"] == streams]
         entry["retire"]["same_text_as_stock"] = sum(r["same_text_as_stock"] for r in mine)
+        entry["retire"]["hooks_in_step_s_median"] = statistics.median(
+            r["hooks_in_step_s"] for r in mine
+        )
+        entry["retire"]["steps_median"] = statistics.median(r["steps"] for r in mine)
         entry["wall_ratio"] = entry["retire"]["wall_s_median"] / entry["stock"]["wall_s_median"]
         out.append(entry)
     return out
@@ -199,11 +222,15 @@ def _line(row: dict[str, Any]) -> str:
         )
     if "same_text_as_stock" in row:
         extra += f", same text as stock {row['same_text_as_stock']} of {row['streams']}"
+    if "hooks_in_step_s" in row:
+        extra += f", hooks {1000 * row['hooks_in_step_s']:.1f} ms in {row['steps']:.0f} steps"
     pre = "-" if row["preemptions"] is None else f"{row['preemptions']:.0f}"
+    cpu = row["cpu_s"]
     return (
         f"  {row['server']:>6} {row['streams']} streams (rep {row['rep']}): "
         f"{row['finished']} finished, {row['timed_out']} timed out, {row['wall_s']:.2f} s, "
-        f"preemptions {pre}{extra}"
+        f"CPU s: engine core {cpu['engine_core']:.2f}, workers {cpu['workers']:.2f}, "
+        f"api {cpu['api']:.2f}; preemptions {pre}{extra}"
     )
 
 
@@ -214,7 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=150)
     ap.add_argument("--output", type=int, default=100)
     ap.add_argument("--stream-timeout", type=float, default=30.0)
-    ap.add_argument("--reps", type=int, default=5, help="rounds per server and stream count")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=15,
+        help="rounds per server and stream count (five did not resolve sub-second rounds)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     doc = run(args)
@@ -235,6 +267,25 @@ def main(argv: list[str] | None = None) -> int:
             f"| {st['preemptions']:.0f}, {rt['preemptions']:.0f} "
             f"| {rt['same_text_as_stock']}/{rt['of']} |"
         )
+    print(
+        "\nCPU seconds a round (median; the engine core's includes its busy wait for the "
+        "workers), and Retire's in-step hooks"
+    )
+    print("| streams | server | engine core | workers | api | hooks in the steps |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for e in doc["summary"]:
+        for name in ("stock", "retire"):
+            cpu = e[name]["cpu_s_median"]
+            hooks = (
+                f"{1000 * e[name]['hooks_in_step_s_median']:.1f} ms "
+                f"in {e[name]['steps_median']:.0f} steps"
+                if name == "retire"
+                else "-"
+            )
+            print(
+                f"| {e['streams']} | {name} | {cpu['engine_core']:.3f} s | {cpu['workers']:.3f} s "
+                f"| {cpu['api']:.3f} s | {hooks} |"
+            )
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2))
     return 0

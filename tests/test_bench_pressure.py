@@ -1,6 +1,6 @@
 """The pressure benchmark's bookkeeping (no server): per stream count each server's median over
-its own rounds, the sums of finished streams, preemptions and equal texts, Retire's median
-against stock's, and a round's console line."""
+its own rounds (wall time, CPU by process, Retire's hooks), the sums of finished streams,
+preemptions and equal texts, Retire's median against stock's, and a round's console line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from retire_bench.pressure import _line, _summary
 
 def _row(server: str, streams: int, wall: float, **extra: Any) -> dict[str, Any]:
     row = {"server": server, "streams": streams, "wall_s": wall, "rep": 0}
-    row.update({"finished": streams, "timed_out": 0, "preemptions": 0.0}, **extra)
+    cpu = {"api": 0.05, "engine_core": wall / 4, "workers": wall / 2, "other": 0.0}
+    row.update({"finished": streams, "timed_out": 0, "preemptions": 0.0, "cpu_s": cpu})
+    if server == "retire":
+        row.update({"hooks_in_step_s": wall / 100, "steps": 100.0 * streams})
+    row.update(extra)
     return row
 
 
@@ -35,13 +39,18 @@ def test_each_stream_count_takes_its_own_servers_rounds_and_their_medians() -> N
     assert (three["stock"]["finished"], three["stock"]["of"]) == (8, 9)
     assert (three["stock"]["preemptions"], three["retire"]["preemptions"]) == (3.0, 4.0)
     assert three["retire"]["same_text_as_stock"] == 6
+    assert three["stock"]["cpu_s_median"]["engine_core"] == pytest.approx(0.5)
+    assert three["retire"]["cpu_s_median"]["workers"] == pytest.approx(2.0)
+    assert three["retire"]["hooks_in_step_s_median"] == pytest.approx(0.04)
+    assert three["retire"]["steps_median"] == 300.0
     assert five["wall_ratio"] == pytest.approx(0.5) and five["retire"]["of"] == 5
 
 
 def test_a_rounds_line_names_what_retire_left_behind() -> None:
     stock = _row("stock", 5, 1.234, preemptions=None)
     assert _line(stock) == (
-        "   stock 5 streams (rep 0): 5 finished, 0 timed out, 1.23 s, preemptions -"
+        "   stock 5 streams (rep 0): 5 finished, 0 timed out, 1.23 s, "
+        "CPU s: engine core 0.31, workers 0.62, api 0.05; preemptions -"
     )
     retire = _row(
         "retire",
@@ -56,7 +65,8 @@ def test_a_rounds_line_names_what_retire_left_behind() -> None:
         same_text_as_stock=4,
     )
     assert _line(retire) == (
-        "  retire 5 streams (rep 0): 4 finished, 1 timed out, 2.00 s, preemptions 3, "
+        "  retire 5 streams (rep 0): 4 finished, 1 timed out, 2.00 s, "
+        "CPU s: engine core 0.50, workers 1.00, api 0.05; preemptions 3, "
         "retained after the clients 2 (free 20), free after cancel 23, "
-        "same text as stock 4 of 5"
+        "same text as stock 4 of 5, hooks 20.0 ms in 500 steps"
     )

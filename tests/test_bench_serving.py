@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from retire_bench.accounts import tree_cpu_seconds
 from retire_bench.serving import (
     REVISION_SEEDS,
     _command,
@@ -22,7 +23,6 @@ from retire_bench.serving import (
     _revision_summary,
     _summary,
     load_seed,
-    tree_cpu_seconds,
 )
 
 NAN = float("nan")

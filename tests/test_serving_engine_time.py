@@ -13,7 +13,7 @@ from enum import Enum
 
 import pytest
 
-from retire_bench.serving import engine_share
+from retire_bench.accounts import engine_share
 from retire_vllm.corelog import (
     JsonLinesBuffer,
     NullLogger,
