@@ -42,6 +42,7 @@ from retire_bench.traces import (
     stats,
     version_numbers,
 )
+from retire_core import IllegalTransitionError, ScopeState
 
 SCHEMA: Final[str] = "retire-replay-results/1"
 FIRST_ID: Final[int] = 1  # keep id 0 (EOS / BOS / pad of the tiny model) out of prompts
@@ -302,10 +303,14 @@ def run_once(
             got = call(ev.scope, list(prompts[key]), _core_contract(ev.contract), ev.max_new_tokens)
             if got != version:
                 problems.append(f"{ev.scope}: engine numbered version {version} as {got}")
-        elif ev.kind is EventKind.PAUSE:
-            system.pause(ev.scope)
-        elif ev.kind is EventKind.UNPAUSE:
-            system.unpause(ev.scope)
+        elif ev.kind in (EventKind.PAUSE, EventKind.UNPAUSE):
+            try:
+                (system.pause if ev.kind is EventKind.PAUSE else system.unpause)(ev.scope)
+            except IllegalTransitionError as err:
+                # the version ran to its end before the pause (or while paused): nothing runs
+                # that the pause or resume could act on, in any system
+                if err.state != ScopeState.FINISHED.value:
+                    raise
         elif ev.kind is EventKind.CANCEL:
             retire(ev.scope, now)
             cancelled.add(ev.scope)

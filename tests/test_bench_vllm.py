@@ -144,3 +144,32 @@ def test_handoff_two_pressure_points() -> None:
     assert all(c["close_error"] is None for c in doc["cells"])
     assert all(c["checker_ok"] for c in doc["cells"] if c["system"] == "retire")
     assert doc["checker_admitted"]
+
+
+def test_a_pause_of_a_version_that_already_finished_changes_nothing() -> None:
+    """A trace may pause a scope whose version has run to its end (and been read): Retire's
+    facade then refuses the pause (``IllegalTransitionError`` in state ``finished``: nothing
+    runs that could be paused), and the replay treats it as what it is in every system, a
+    pause of nothing; the run is still admitted and the revision after it still inherits."""
+    from retire_bench import replay as R
+    from retire_bench.traces import (
+        Contract,
+        EditContext,
+        EventKind,
+        FullContext,
+        TokenSpec,
+        Trace,
+        TraceEvent,
+    )
+
+    events = [
+        TraceEvent("s0", 0.0, EventKind.SUBMIT, FullContext(TokenSpec(7, 96)), 4, Contract()),
+        TraceEvent("s0", 3.0, EventKind.PAUSE),  # 4 tokens of the tiny model take well under 1 s
+        TraceEvent("s0", 3.2, EventKind.UNPAUSE),
+        TraceEvent("s0", 3.4, EventKind.REVISION, EditContext(64, TokenSpec(8, 32)), 4, Contract()),
+    ]
+    cfg = R.ReplayConfig(reps=1, engine_overrides={"num_blocks": 64})
+    doc, _ = R.replay(Trace("pause-after-finish", events), ["retire"], cfg)
+    retire = doc["retire"]
+    assert retire["admitted"], retire["admission"]
+    assert retire["final_versions_advanced"] == retire["final_versions_total"] == 1

@@ -35,6 +35,7 @@ from retire_core import (
     Event,
     FrameArrived,
     FrameKind,
+    PageEvicted,
     PageReused,
     Pause,
     Publish,
@@ -43,6 +44,7 @@ from retire_core import (
     Submit,
     Supersede,
     Unpause,
+    VersionFinished,
 )
 
 from . import identity, observe
@@ -287,7 +289,9 @@ class RetireEngine:
 
     def consume(self, scope: str) -> list[Delivery]:
         """What the consumer of ``scope`` reads now: every queued chunk crosses the consumer
-        boundary as its own frame and is delivered only if the core publishes it."""
+        boundary as its own frame and is delivered only if the core publishes it. Once a
+        version's last chunk is delivered, its end is reported (``VersionFinished``: its
+        completed pages go back to vLLM's prefix cache)."""
         queue = self.queues.get(scope)
         delivered: list[Delivery] = []
         if not queue:
@@ -323,6 +327,9 @@ class RetireEngine:
                         rec.first_delivery_at = now
             else:
                 rec.dropped_consumer_tokens += len(chunk.token_ids)
+        for delivery in delivered:
+            if delivery.finished:  # its last chunk reached the consumer: the version ran to its end
+                self.emit(VersionFinished(scope, delivery.version))
         return delivered
 
     def has_unfinished(self) -> bool:
@@ -460,7 +467,9 @@ class RetireEngine:
         return self.read_digests(pages)
 
     def owner_of(self, block_id: int) -> tuple[str, int] | None:
-        page = self.pages.get(block_id)
+        """The scope and version whose page ``block_id`` holds: retained, or given back to
+        vLLM's prefix cache (a finished version's) and not evicted since."""
+        page = self.pages.get(block_id) or self.ledger.cached.get(block_id)
         return None if page is None else (page.scope, page.version)
 
     def page_generation(self, block_id: int) -> int:
@@ -693,8 +702,13 @@ class RetireEngine:
         self.commands.close_writers(completed)
 
     def _on_blocks_handed_out(self, ids: list[int]) -> None:
-        """GenerationSpy listener: a block id we still retain went to a new owner."""
+        """GenerationSpy listener: a block id we still retain, or gave back to vLLM's prefix
+        cache (a finished version's), went to a new owner."""
         for bid in ids:
+            if self.ledger.evicted(bid):  # a page given back to the cache: vLLM evicted it
+                self.stats.cached_pages_evicted += 1
+                self.emit(PageEvicted(bid))
+                continue
             page = self.pages.get(bid)
             if page is None:
                 continue

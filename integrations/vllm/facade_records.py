@@ -108,6 +108,7 @@ class Stats:
     released_pages: int = 0
     uncertified_hashes_evicted: int = 0
     pages_reused: int = 0
+    cached_pages_evicted: int = 0
     preemptions: int = 0
 
 

@@ -65,3 +65,16 @@ def attached(engine: Any, **kwargs: Any) -> Iterator[Any]:
     finally:
         facade.close()
     assert_engine_clean(engine)
+
+
+def flood(facade: Any, rng: random.Random, block_size: int = 32) -> None:
+    """External co-tenants that together allocate more blocks than are free: every unpinned,
+    unreferenced cached block is evicted and its id handed to someone else."""
+    free = facade.pool.get_num_free_blocks()
+    per = 100
+    n = free // per + 1
+    for i in range(n):
+        facade.add_external(f"cotenant-{id(facade)}-{i}", tokens(rng, per * block_size - 40), 2)
+    facade.run_until_idle()
+    for rid in list(facade.external):
+        assert facade.external.pop(rid).finished

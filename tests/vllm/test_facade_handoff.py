@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from retire_core import COLD_CONTRACT, DEFAULT_CONTRACT
+from retire_core import COLD_CONTRACT, DEFAULT_CONTRACT, ScopeState
 from retire_vllm import faults, identity, observe
 from retire_vllm import introspect as ix
 from retire_vllm.checker import Checker
 from retire_vllm.engine_config import greedy
-from tests.vllm.support import attached, module_engine, tokens
+from tests.vllm.support import attached, flood, module_engine, tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -237,7 +237,7 @@ def test_recycled_page_is_caught_by_generation(engine: Any, checker: Checker) ->
         cert = facade.version_record("recycle").certificate
         victim = cert[1][0]
         assert faults.drop_references(facade, victim) == 2  # pin + retention, behind the core
-        _flood(facade, rng)
+        flood(facade, rng)
         assert facade.stats.pages_reused == 1
         assert facade.retire.state.pages[victim].generation == cert[1][2] + 1
         facade.release_admission("recycle")
@@ -246,19 +246,6 @@ def test_recycled_page_is_caught_by_generation(engine: Any, checker: Checker) ->
         assert rec.adopted_blocks == 1 and rec.num_cached_tokens == 32
         assert rec.released[0] == (victim, "generation_changed")
         assert checker.verify(facade, "recycle").ok
-
-
-def _flood(facade: Any, rng: random.Random) -> None:
-    """External co-tenants that together allocate more blocks than are free: every unpinned,
-    unreferenced cached block is evicted and its id handed to someone else."""
-    free = facade.pool.get_num_free_blocks()
-    per = 100
-    n = free // per + 1
-    for i in range(n):
-        facade.add_external(f"cotenant-{id(facade)}-{i}", tokens(rng, per * BS - 40), 2)
-    facade.run_until_idle()
-    for rid in list(facade.external):
-        assert facade.external.pop(rid).finished
 
 
 # --- cache pressure -----------------------------------------------------------------------------
@@ -281,7 +268,7 @@ def test_cache_pressure_native_loses_prefix_retire_keeps_it(engine: Any, checker
         facade.hold_admission("press")  # the successor waits behind the co-tenants
         facade.supersede("press", succ, DEFAULT_CONTRACT, 8)
         evicted_before = facade.spy.evictions
-        _flood(facade, rng)
+        flood(facade, rng)
         evictions = facade.spy.evictions - evicted_before
         facade.release_admission("press")
         facade.run_until_idle()
@@ -324,3 +311,64 @@ def _native_pressure_run(engine: Any, rng: random.Random, pred: list[int], succ:
                 cached = int(out.num_cached_tokens) if cached is None else cached
     assert cached is not None
     return cached
+
+
+# --- a version that ran to its end ---------------------------------------------------------------
+
+
+def _finished(facade: Any, rng: random.Random, scope: str) -> tuple[list[int], list[int]]:
+    """A scope whose version ran to its end and was read to its last chunk (5 complete prompt
+    blocks), and a revision of it keeping 165 of its 170 prompt tokens."""
+    pred = tokens(rng, 170)
+    facade.submit(scope, pred, DEFAULT_CONTRACT, 6)
+    facade.run_until_idle()
+    assert facade.retire.scope(scope).state is ScopeState.ACTIVE  # until the consumer reads
+    assert facade.consume(scope)[-1].finished
+    return pred, pred[:165] + tokens(rng, 15)
+
+
+def test_a_finished_version_goes_back_to_the_prefix_cache_and_is_still_inherited(
+    engine: Any, checker: Checker
+) -> None:
+    """The facade reports a version's end (``VersionFinished``) once its consumer has read the
+    last chunk, as ``retire serve`` does once the last output leaves the engine: its completed
+    blocks go back to vLLM's prefix cache (no reference of Retire's left, evictable),
+    still tracked, and a revision that finds them cached inherits them."""
+    with attached(engine) as facade:
+        pred, succ = _finished(facade, random.Random(41), "done")
+        assert facade.retire.scope("done").state is ScopeState.FINISHED
+        tracked = facade.retire.state.pages
+        assert len(tracked) == 5 and not any(page.held for page in tracked.values())
+        assert not facade.pages  # no retention reference left
+        assert facade.pool.get_num_free_blocks() == facade.initial_free_blocks
+        facade.supersede("done", succ, DEFAULT_CONTRACT, 8)
+        facade.run_until_idle()
+        checker.references([(succ, 8)])
+        rec = facade.version_record("done")
+        verdict = checker.verify(facade, "done")
+        assert verdict.ok and verdict.complete, verdict.problems
+        assert rec.adopted_blocks == identity.expected_adopted_blocks(pred, succ, BS) == 5
+        assert rec.num_cached_tokens == 5 * BS
+
+
+def test_an_evicted_block_of_a_finished_version_is_reported_and_recomputed(
+    engine: Any, checker: Checker
+) -> None:
+    """Co-tenants evict the finished version's cached blocks: each eviction reaches the core
+    (``PageEvicted``) before the block's new owner writes it, the core stops tracking it, and a
+    revision inherits only what is still cached."""
+    rng = random.Random(42)
+    with attached(engine) as facade:
+        _, succ = _finished(facade, rng, "gone")
+        cached = set(facade.retire.state.pages)
+        flood(facade, rng)
+        left = set(facade.retire.state.pages)
+        assert facade.stats.cached_pages_evicted == len(cached - left) > 0
+        assert left <= cached
+        facade.supersede("gone", succ, DEFAULT_CONTRACT, 8)
+        facade.run_until_idle()
+        checker.references([(succ, 8)])
+        rec = facade.version_record("gone")
+        verdict = checker.verify(facade, "gone")
+        assert verdict.ok and verdict.complete, verdict.problems
+        assert set(rec.adopted_pages) <= left and rec.adopted_blocks < 5
