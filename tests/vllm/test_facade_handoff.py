@@ -327,6 +327,17 @@ def _finished(facade: Any, rng: random.Random, scope: str) -> tuple[list[int], l
     return pred, pred[:165] + tokens(rng, 15)
 
 
+def _revised(facade: Any, checker: Checker, scope: str, succ: list[int]) -> Any:
+    """Revise ``scope`` to ``succ`` and run it to its end; its output and pages must pass the
+    checker against a clean run. Returns the successor's record."""
+    facade.supersede(scope, succ, DEFAULT_CONTRACT, 8)
+    facade.run_until_idle()
+    checker.references([(succ, 8)])
+    verdict = checker.verify(facade, scope)
+    assert verdict.ok and verdict.complete, verdict.problems
+    return facade.version_record(scope)
+
+
 def test_a_finished_version_goes_back_to_the_prefix_cache_and_is_still_inherited(
     engine: Any, checker: Checker
 ) -> None:
@@ -341,12 +352,7 @@ def test_a_finished_version_goes_back_to_the_prefix_cache_and_is_still_inherited
         assert len(tracked) == 5 and not any(page.held for page in tracked.values())
         assert not facade.pages  # no retention reference left
         assert facade.pool.get_num_free_blocks() == facade.initial_free_blocks
-        facade.supersede("done", succ, DEFAULT_CONTRACT, 8)
-        facade.run_until_idle()
-        checker.references([(succ, 8)])
-        rec = facade.version_record("done")
-        verdict = checker.verify(facade, "done")
-        assert verdict.ok and verdict.complete, verdict.problems
+        rec = _revised(facade, checker, "done", succ)
         assert rec.adopted_blocks == identity.expected_adopted_blocks(pred, succ, BS) == 5
         assert rec.num_cached_tokens == 5 * BS
 
@@ -365,10 +371,5 @@ def test_an_evicted_block_of_a_finished_version_is_reported_and_recomputed(
         left = set(facade.retire.state.pages)
         assert facade.stats.cached_pages_evicted == len(cached - left) > 0
         assert left <= cached
-        facade.supersede("gone", succ, DEFAULT_CONTRACT, 8)
-        facade.run_until_idle()
-        checker.references([(succ, 8)])
-        rec = facade.version_record("gone")
-        verdict = checker.verify(facade, "gone")
-        assert verdict.ok and verdict.complete, verdict.problems
+        rec = _revised(facade, checker, "gone", succ)
         assert set(rec.adopted_pages) <= left and rec.adopted_blocks < 5
