@@ -312,10 +312,13 @@ class RetireEngine:
         for _ in chunks:
             queue.popleft()
         versions = self.records[scope].versions
+        ended: list[int] = []
         for chunk, frame in zip(chunks, frames, strict=True):
             outcome = fates[frame]  # the core decides every frame when it arrives
             rec = versions[chunk.version]
             if outcome == "publish":
+                if chunk.finished and chunk.finish_reason != "abort":
+                    ended.append(chunk.version)  # its last chunk is read: it ran to its end
                 now = self.clock()
                 delivered.append(
                     Delivery(scope, chunk.version, chunk.token_ids, chunk.finished, now)
@@ -327,9 +330,8 @@ class RetireEngine:
                         rec.first_delivery_at = now
             else:
                 rec.dropped_consumer_tokens += len(chunk.token_ids)
-        for delivery in delivered:
-            if delivery.finished:  # its last chunk reached the consumer: the version ran to its end
-                self.emit(VersionFinished(scope, delivery.version))
+        for version in ended:
+            self.emit(VersionFinished(scope, version))
         return delivered
 
     def has_unfinished(self) -> bool:
