@@ -150,7 +150,7 @@ def test_a_pause_of_a_version_that_already_finished_changes_nothing() -> None:
     """A trace may pause a scope whose version has run to its end (and been read): Retire's
     facade then refuses the pause (``IllegalTransitionError`` in state ``finished``: nothing
     runs that could be paused), and the replay treats it as what it is in every system, a
-    pause of nothing; the run is still admitted and the revision after it still inherits."""
+    pause of nothing; the run, the revision after it included, is still admitted."""
     from retire_bench import replay as R
     from retire_bench.traces import (
         Contract,
