@@ -79,6 +79,9 @@ def core_event(
     if n == "evict":
         (p,) = a
         return rc.PageEvicted(p)
+    if n == "unreference":
+        (p,) = a
+        return rc.PageUnreferenced(p)
     raise ValueError(f"no core event for {inst}")
 
 
@@ -131,7 +134,7 @@ def spec_instance(t: rc.Transition, uni: Universe, event: Any) -> ActionInstance
     if n == "close_writer":  # ``named`` is logged only when the engine named the block
         named = int(t.arg("named")) if len(t.args) > 3 else NO_MATCH
         return ActionInstance(n, (t.arg("page"), named))
-    if n in ("unhold", "free", "reuse_id", "evict"):
+    if n in ("unhold", "free", "reuse_id", "evict", "unreference"):
         return ActionInstance(n, (t.arg("page"),))
     if n in ("certify", "adopt", "release"):
         return ActionInstance(n, (s, t.arg("page")))

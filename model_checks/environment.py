@@ -6,14 +6,14 @@ end or its preemption reported for the current or an older version, emit a frame
 in-flight frame in any order, allocate, attempt a write anywhere — including into pages the writer
 does not own — of verified or (``Budget.drafts``) of speculative draft tokens, verify a page's
 drafts (accepted, rejected, repeated or late), close a writer, evict a page given back to its cache,
-corrupt a retained page, recycle a retained block id) and the engine's answer to a pending byte
-check. The engine obeys the core's commands (``engine``): it launches a participant only for a
-version an ``Admit`` started and no ``Fence`` stopped since (a version that lost authority before
-any of its participants started was never fenced: its request may still arrive, late; a pause may
-have overtaken it too), and allocates only pages the core's ``Free`` gave back (or never had); only
-the budgeted faults break its word. ``Budget`` bounds the moves that would otherwise make the world
-infinite (revisions per scope, faults). The Hypothesis state machine and the explorer both draw from
-this one list.
+corrupt a retained page, recycle a retained block id, stop referencing a completed page
+(``Budget.unreference``)) and the engine's answer to a pending byte check. The engine obeys the
+core's commands (``engine``): it launches a participant only for a version an ``Admit`` started and
+no ``Fence`` stopped since (a version that lost authority before any of its participants started was
+never fenced: its request may still arrive, late; a pause may have overtaken it too), and allocates
+only pages the core's ``Free`` gave back (or never had); only the budgeted faults break its word.
+``Budget`` bounds the moves that would otherwise make the world infinite (revisions per scope,
+faults). The Hypothesis state machine and the explorer both draw from this one list.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ class Budget:
     # the engine reports versions preempted (current and late ones): a preempted version's
     # pages are dropped, and it runs again as new participants
     preempt: bool = True
+    # the engine stops referencing a completed, writer-closed page while its version runs (a
+    # sliding window passing it), offered for every allocated page whose writer closed (one of a
+    # version without authority is late; one unheld already, or incomplete, is refused)
+    unreference: bool = False
     # forgetting cancelled scopes: a forgotten scope can open again, and every new incarnation
     # allocates pages anew, so generations grow without bound; runs bounded by their length
     # (Hypothesis) take it, the exhaustive explorer does not
@@ -91,6 +95,7 @@ class _Table:
     verify: tuple[tuple[ActionInstance, ...], ...]  # [p]: accepted (fills) or rejected
     close_writer: tuple[tuple[ActionInstance, ...], ...]  # [p] -> names (NO_MATCH: none)
     evict: tuple[ActionInstance, ...]
+    unreference: tuple[ActionInstance, ...]
     faults: tuple[tuple[ActionInstance, ...], ...]  # [p] -> corrupt, reuse_id
 
 
@@ -137,6 +142,7 @@ def _table(b: Bounds, budget: Budget) -> _Table:
             tuple(A("close_writer", (p, t)) for t in param_domain("Name", b)) for p in P
         ),
         evict=tuple(A("evict", (p,)) for p in P),
+        unreference=tuple(A("unreference", (p,)) for p in P),
         faults=tuple((A("corrupt", (p,)), A("reuse_id", (p,))) for p in P),
     )
 
@@ -233,6 +239,8 @@ def env_moves(ls: Lockstep, budget: Budget = Budget()) -> list[ActionInstance]:
         # keeps the engine's cache equal to the pages nothing references or pins)
         if budget.finish and alloc[p] and not writer[p] and ls.spec_enabled(t.evict[p]):
             moves.append(t.evict[p])
+        if budget.unreference and alloc[p] and not writer[p]:
+            moves.append(t.unreference[p])
     if ls.faults < budget.faults:
         for p in range(b.pages):
             for inst in t.faults[p]:

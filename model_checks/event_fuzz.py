@@ -4,18 +4,19 @@
 own state, step by step: what an engine would plausibly report next (submits, launches, page
 allocations and writes (of verified or of speculative draft tokens), the verification of drafts
 (also repeated or late), writer closures, frames of current and retired versions, revisions in
-bursts, receipts, byte-check reports, finishes, preemptions, evictions, cancels and forgets). With
-the plan's probability each event is mutated instead (a wrong scope, version, participant, page or
-digest; a version from the future or the past; a replay of an earlier event, duplicated or out of
-order; an unknown scope; an empty, over-long or non-ASCII id; a value of the wrong type; a report
-that misses, repeats or invents a page; a request its scope's state refuses; an object that is no
-event at all; odd values the validators pass), or a batch is sent with one such event in the middle.
-Every event is checked: it is accepted, or it raises a ``RetireError`` (a non-event: the core's own
-``TypeError``) and the core's state is the same object with the same contents (pickled before and
-after), with no transition or log line; an event the validators refuse at construction must fail
-with a ``RetireError`` or attrs' ``TypeError``. A batch must end exactly where its events one by one
-(``retire_core.step``) end, or raise the same error as the first refused one and change nothing. A
-violation raises ``FuzzFailure``. ``Plan`` is what Hypothesis draws for one trace
+bursts, receipts, byte-check reports, finishes, preemptions, evictions, passed pages
+(``PageUnreferenced``), cancels and forgets). With the plan's probability each event is mutated
+instead (a wrong scope, version, participant, page or digest; a version from the future or the past;
+a replay of an earlier event, duplicated or out of order; an unknown scope; an empty, over-long or
+non-ASCII id; a value of the wrong type; a report that misses, repeats or invents a page; a request
+its scope's state refuses; an object that is no event at all; odd values the validators pass), or a
+batch is sent with one such event in the middle. Every event is checked: it is accepted, or it
+raises a ``RetireError`` (a non-event: the core's own ``TypeError``) and the core's state is the
+same object with the same contents (pickled before and after), with no transition or log line; an
+event the validators refuse at construction must fail with a ``RetireError`` or attrs'
+``TypeError``. A batch must end exactly where its events one by one (``retire_core.step``) end, or
+raise the same error as the first refused one and change nothing. A violation raises
+``FuzzFailure``. ``Plan`` is what Hypothesis draws for one trace
 (``tests/test_core_event_fuzz.py``); ``Tally`` counts events and outcomes.
 """
 
@@ -341,6 +342,14 @@ class _Trace:
         p = self.rng.choice(cached)
         return rc.PageReused(p) if self.rng.random() < 0.15 else rc.PageEvicted(p)
 
+    def _unreference(self, state: CoreState) -> Any:
+        """The engine stopped referencing a completed, writer-closed page (a sliding window
+        passed it): mostly one of a version with authority, else a late one."""
+        closed = [p for p, r in state.pages.items() if r.held and r.full and not r.writer_open]
+        if not closed:
+            return None
+        return rc.PageUnreferenced(self.rng.choice(closed))
+
     # --- mutations -----------------------------------------------------------------------
     def mutated(self) -> Callable[[], Any]:
         """A thunk building a mutated event (building it may already be refused)."""
@@ -385,7 +394,7 @@ class _Trace:
         )
         event = self._some(state, "page")
         if event is None or rng.random() < 0.4:
-            cls = rng.choice((rc.PageEvicted, rc.PageReused))
+            cls = rng.choice((rc.PageEvicted, rc.PageReused, rc.PageUnreferenced))
             if rng.random() < 0.15:
                 return rc.DraftsVerified(page, rng.random() < 0.5)
             return cls(page) if rng.random() < 0.7 else rc.WriterClosed(page, "d")
@@ -614,9 +623,10 @@ _MOVES: tuple[Callable[[_Trace, CoreState], Any], ...] = (
     _Trace._finish,
     _Trace._evict,
     _Trace._preempt,
+    _Trace._unreference,
 )
 # Frames and writes dominate real traces; revisions come in bursts.
-_WEIGHTS = (4, 3, 2, 7, 10, 25, 10, 14, 5, 10, 10, 4, 8, 4)
+_WEIGHTS = (4, 3, 2, 7, 10, 25, 10, 14, 5, 10, 10, 4, 8, 4, 3)
 _MUTATIONS: dict[str, Callable[[_Trace, CoreState], Any]] = {
     name: getattr(_Trace, f"_m_{name}") for name in FAMILIES
 }

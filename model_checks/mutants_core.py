@@ -88,6 +88,26 @@ def _preempt_keeping_pages(txn: Any, ev: rc.VersionPreempted) -> None:
         txn.record("preempt", rc.Stage.RECLAIM, ev.scope, rec.epoch)  # but the pages stay held
 
 
+def _unreference_ignored(txn: Any, ev: rc.PageUnreferenced) -> None:
+    page = txn.rpages[ev.page]
+    # logged, but the page keeps its reference: a sliding window passing frees nothing
+    txn.record_page("unreference", rc.Stage.RECLAIM, page.owner, page.version, ev.page)
+
+
+def _unreference_late_too(txn: Any, ev: rc.PageUnreferenced) -> None:
+    page = txn.rpages[ev.page]
+    if page.held and not page.writer_open and page.full:
+        # a page of a superseded version whose participants may still run loses its reference
+        txn.pages[ev.page] = evolve_record(page, held=False)
+        txn.record_page(
+            "unreference", rc.Stage.RECLAIM, page.owner, page.version, ev.page, (("held", False),)
+        )
+        txn.emit(rc.ReleaseToCache((ev.page,)))
+        _reclaim(txn, page.owner)
+        return
+    handlers.on_page_unreferenced(txn, ev)
+
+
 def _forget_keeping_record(txn: Any, ev: rc.Forget) -> None:
     rec = txn.scopes[ev.scope]
     txn.record("forget", rc.Stage.CONTROL, ev.scope, rec.epoch)  # but the record stays
@@ -572,6 +592,24 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "a preempted version's pages keep their reference: vLLM's preemption frees nothing",
         (_C["control"],),
         _handler(rc.VersionPreempted, _preempt_keeping_pages),
+    ),
+    Mutant(
+        "unreference_ignored",
+        "leak (passed window)",
+        "core",
+        "a page the engine stopped referencing keeps its reference: a sliding window passing "
+        "frees nothing",
+        (_C["groups"],),
+        _handler(rc.PageUnreferenced, _unreference_ignored),
+    ),
+    Mutant(
+        "unreference_late_accepted",
+        "unreference without authority",
+        "core",
+        "a report that the engine stopped referencing a page of a superseded version drops its "
+        "reference while that version's participants may still run",
+        (_C["groups"],),
+        _handler(rc.PageUnreferenced, _unreference_late_too),
     ),
     Mutant(
         "forgotten_scope_kept",

@@ -14,7 +14,7 @@ import retire_core as rc
 from retire_checks.engine import COMMANDS_CHECKED
 from retire_checks.lockstep import Outcome
 from retire_spec.actions import ACTIONS, ActionInstance
-from retire_spec.schema import FINISHED, NO_MATCH, PAUSED, Bounds, SpecState
+from retire_spec.schema import ACTIVE, FINISHED, NO_MATCH, PAUSED, Bounds, SpecState
 
 STAGES = tuple(f"stage:{s.value}" for s in rc.Stage)
 # (``forget`` is left to the Hypothesis machine: see ``environment.Budget.forget``)
@@ -24,6 +24,7 @@ CORE_TRANSITIONS = (
     "transition:late_report",
     "transition:late_finish",
     "transition:late_preempt",
+    "transition:late_unreference",
     "transition:stale_verify",
 )
 ENV_MOVES = tuple(
@@ -36,6 +37,7 @@ ENV_MOVES = tuple(
         "cancel",
         "finish",
         "preempt",
+        "unreference",
         "launch",
         "receipt",
         "receipt_again",
@@ -91,6 +93,10 @@ PATHS = (
     "path:finish_frees_pages",  # a version's end frees what no revision could inherit
     "path:finish_caches_pages",  # ... and gives its completed pages back to the engine's cache
     "path:preempt_frees_pages",  # a preempted version's pages go back; it keeps authority
+    # a page the engine stopped referencing (a sliding window passed it) while its version
+    # runs goes back to the engine's cache; a revision then certifies it
+    "path:unreference_caches_page",
+    "path:unreferenced_page_certified",
     "path:revise_after_finish",  # a finished scope revised: the next version starts
     "path:drafts_rejected",  # a verification rejects drafts: the page is incomplete again
     "path:drafts_rolled_back",  # a writer closes over unverified drafts: they are rolled back
@@ -131,6 +137,8 @@ def static_hits(move: ActionInstance, out: Outcome) -> list[str]:
         hits.append("path:partial_adoption")
     if "preempt" in actions and "free" in actions:
         hits.append("path:preempt_frees_pages")
+    if "unreference" in actions and any(isinstance(c, rc.ReleaseToCache) for c in out.commands):
+        hits.append("path:unreference_caches_page")
     if "finish" in actions and "free" in actions:
         hits.append("path:finish_frees_pages")
     if "finish" in actions and any(isinstance(c, rc.ReleaseToCache) for c in out.commands):
@@ -176,6 +184,17 @@ def dynamic_hits(out: Outcome, before: SpecState, bounds: Bounds) -> list[str]:
             if before["page_tok"][t.arg("page")] == NO_MATCH:
                 kept = t.arg("inheritable")
                 hits.append("path:output_named" if kept else "path:output_name_dropped")
+        elif a == "certify":
+            # certified in the revision's own step: unheld while its version was current and
+            # its scope live, so the engine had stopped referencing it (a finished version's
+            # cached pages belong to a finished scope)
+            p, s = t.arg("page"), _slot(t.scope)
+            if (
+                not before["page_held"][p]
+                and before["page_over"][p] == before["scope_epoch"][s]
+                and before["scope_mode"][s] in (ACTIVE, PAUSED)
+            ):
+                hits.append("path:unreferenced_page_certified")
         elif a == "supersede":
             if before["scope_mode"][_slot(t.scope)] == FINISHED:
                 hits.append("path:revise_after_finish")

@@ -50,21 +50,27 @@ _DRAFTS = Config(
 # A version's own output inherited (an agent's next turn): the first context holds one block,
 # the engine names the second block at its writer's close (2: what the revised context
 # continues with; 3: another output), a revision certifies and adopts it, a late name is
-# dropped, a fault (in both profiles).
+# dropped, a fault; the engine stops referencing completed pages, named or not (in both
+# profiles).
 _OUTPUT = Config(
     "output",
     Bounds(1, 1, 0, 2, 2, 1, ((1, BEYOND), (1, 2)), (0,), names=(2, 3)),
-    Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+    Budget(
+        faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), unreference=True, **_NO_CONTROL
+    ),
     ledger_size=1,
     expected_seconds=0.6,
 )
 
 # Two KV cache groups, full attention and a one-block sliding window, one page each: a cut
-# needs a page of every group (the engine checks that Admit's blocks are what Adopt handed over).
+# needs a page of every group (the engine checks that Admit's blocks are what Adopt handed over);
+# the engine stops referencing completed pages while their version runs (the window passing).
 _GROUPS = Config(
     "groups",
     Bounds(1, 2, 0, 2, 1, 1, ((1,),), (0,)),
-    Budget(faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), **_NO_CONTROL),
+    Budget(
+        faults=1, frame_kinds=TOKEN_ONLY, reuse_choices=(True,), unreference=True, **_NO_CONTROL
+    ),
     ledger_size=1,
     kv_windows=(0, 1),
     page_groups=(0, 1),

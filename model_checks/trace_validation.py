@@ -15,10 +15,10 @@ deduplicated). Each logged transition must be allowed by the spec's guard in at 
 state, every invariant must hold afterwards, and the logged fields the spec determines (generations,
 versions, the certified digest, inheritability) must agree with it, and an adopted page's reported
 digest must be the one its writer closed with; stutters (``fence``, ``late_report``,
-``late_finish``, ``late_preempt``) must concern a version without authority, and a ``stale_verify``
-a tracked page holding no drafts under an open writer. The first line at which no candidate survives
-is reported with the reason. What does not live here: the structlog configuration (the caller's) and
-the CLI (``cli_checks``).
+``late_finish``, ``late_preempt``, ``late_unreference``) must concern a version without authority,
+and a ``stale_verify`` a tracked page holding no drafts under an open writer. The first line at
+which no candidate survives is reported with the reason. What does not live here: the structlog
+configuration (the caller's) and the CLI (``cli_checks``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ from retire_spec.schema import (
 
 EVENT = "retire.transition"
 KINDS = {"token": FRAME_KINDS[0], "commit": FRAME_KINDS[1], "install": FRAME_KINDS[2]}
-STUTTERS = frozenset({"fence", "late_report", "late_finish", "late_preempt", "stale_verify"})
+STUTTERS = frozenset(
+    {"fence", "late_report", "late_finish", "late_preempt", "late_unreference", "stale_verify"}
+)
 KNOWN = frozenset(ACTION_BY_NAME) - {"emit", "corrupt"} | STUTTERS
 
 
@@ -238,7 +240,7 @@ class Validator:
         if t == "close_writer":
             named = d.get("named")
             return [A(t, (self._page(r), NO_MATCH if named is None else self.keys(named)))]
-        if t in ("reuse_id", "unhold", "free", "evict"):
+        if t in ("reuse_id", "unhold", "free", "evict", "unreference"):
             return [A(t, (self._page(r),))]
         if t in ("certify", "adopt", "release"):
             return [A(t, (self._scope(r), self._page(r)))]
@@ -490,6 +492,8 @@ class Validator:
             return f"{what}: the page holds no drafts under an open writer"
         if t in ("unhold", "free"):
             return f"{what}: the page is still referenced, pinned or of a live version"
+        if t == "unreference":
+            return f"{what}: not a completed, writer-closed, referenced page of a running version"
         return f"{what}: the spec does not allow it here"
 
 

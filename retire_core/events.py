@@ -256,6 +256,16 @@ class PageEvicted:
 
 
 @attrs.frozen(slots=True)
+class PageUnreferenced:
+    """No participant of the page's version references the page any more, though the version
+    still runs: vLLM's sliding window passed the block (no layer reads it again, and vLLM gives
+    it back to its pool). Only for a completed page whose writer has closed. The page goes back
+    to the engine's cache: a revision may still certify it, the engine may evict it."""
+
+    page: PageId = attrs.field(validator=_page)
+
+
+@attrs.frozen(slots=True)
 class VersionFinished:
     """The version's work ran to its end (its request completed and was handed to the client):
     nothing of it publishes any more and its pages go back to the engine's cache."""
@@ -299,6 +309,7 @@ Event = (
     | AdoptionReport
     | PageReused
     | PageEvicted
+    | PageUnreferenced
     | VersionFinished
     | VersionPreempted
 )
@@ -318,4 +329,10 @@ SCOPE_EVENTS: tuple[type, ...] = (
     VersionFinished,
     VersionPreempted,
 )
-PAGE_EVENTS: tuple[type, ...] = (DraftsVerified, WriterClosed, PageReused, PageEvicted)
+PAGE_EVENTS: tuple[type, ...] = (
+    DraftsVerified,
+    WriterClosed,
+    PageReused,
+    PageEvicted,
+    PageUnreferenced,
+)

@@ -11,7 +11,15 @@ them. They raise a ``RetireError`` for input that is wrong beyond its (state, ev
 from __future__ import annotations
 
 from retire_core import handoff, reclaim
-from retire_core.commands import Admit, AllowWrite, Drop, Fence, FenceWrite, Publish
+from retire_core.commands import (
+    Admit,
+    AllowWrite,
+    Drop,
+    Fence,
+    FenceWrite,
+    Publish,
+    ReleaseToCache,
+)
 from retire_core.errors import (
     ContractError,
     DoubleFreeError,
@@ -32,6 +40,7 @@ from retire_core.events import (
     PageAllocated,
     PageEvicted,
     PageReused,
+    PageUnreferenced,
     ParticipantStarted,
     Pause,
     Receipt,
@@ -259,6 +268,7 @@ def on_version_preempted(txn: Txn, ev: VersionPreempted) -> None:
     for p in mine:
         txn.pages[p] = evolve(view[p], held=False)
     txn.record("preempt", Stage.RECLAIM, ev.scope, version, pages=len(mine))
+    reclaim.free_current(txn, ev.scope, mine)
     reclaim.reclaim(txn, ev.scope)
 
 
@@ -614,4 +624,33 @@ def on_page_evicted(txn: Txn, ev: PageEvicted) -> None:
         )
     del txn.pages[ev.page]
     txn.record_page("evict", Stage.RECLAIM, page.owner, page.version, ev.page)
+    reclaim.reclaim(txn, page.owner)
+
+
+def on_page_unreferenced(txn: Txn, ev: PageUnreferenced) -> None:
+    """The engine dropped every reference to a completed, writer-closed page of a version that
+    still runs (a sliding window passed it): the page loses its execution reference and goes
+    back to the engine's cache (``ReleaseToCache``), as vLLM keeps a passed block's hash, where
+    a revision may still certify it and the engine may evict it. A report for a version without
+    authority changes nothing (late: its pages are reclaimed once its receipts are in)."""
+    p = ev.page
+    page = _tracked_page(txn, p, "PageUnreferenced")
+    if not page.held or page.writer_open or not page.full:
+        why = (
+            "is not referenced"
+            if not page.held
+            else "still has an open writer"
+            if page.writer_open
+            else "is not a completed page"
+        )
+        raise PageInUseError(
+            f"PageUnreferenced for page {p} of {page.owner}@{page.version}, which {why}"
+        )
+    rec = txn.read_scope(page.owner)
+    if not rec.has_authority(page.version):
+        txn.record("late_unreference", Stage.RECLAIM, page.owner, page.version, page=p)
+        return
+    txn.pages[p] = evolve(page, held=False)
+    txn.record_page("unreference", Stage.RECLAIM, page.owner, page.version, p, (("held", False),))
+    txn.emit(ReleaseToCache((p,)))
     reclaim.reclaim(txn, page.owner)

@@ -2,22 +2,24 @@
 
 A page of a retired version (or of a cancelled or finished scope's own version) loses its execution
 reference once every participant of that version has delivered its receipt and its writer is closed;
-a page with neither reference nor handoff pin is freed, except a finished version's completed pages,
-which go back to the engine's cache (``ReleaseToCache``) and stay tracked until a revision certifies
-or frees them, a cancel frees them, or the engine evicts them. A retired version with no participant
-running and no page left is moved to the bounded ledger, so that the core's state stays small while
-late events for it can still be classified. Reclamation never waits in the successor's path: it runs
-whenever a receipt, writer closure or adoption makes progress possible, and never frees a pinned or
+a page with neither reference nor handoff pin is freed, except the current version's pages the
+engine's cache keeps (a finished version's completed pages, and those the engine stopped
+referencing while the version runs: ``PageUnreferenced``), which stay tracked until a revision
+certifies or frees them, a cancel frees them, or the engine evicts them (a preempted version's
+pages are freed at once: ``free_current``). A retired version with no participant running and no
+page left is moved to the bounded ledger, so that the core's state stays small while late events
+for it can still be classified. Reclamation never waits in the successor's path: it runs whenever a
+receipt, writer closure or adoption makes progress possible, and never frees a pinned or
 referenced page.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 from retire_core.commands import Free, ReleaseToCache
 from retire_core.frozen import FrozenMap
-from retire_core.ids import ScopeId
+from retire_core.ids import PageId, ScopeId
 from retire_core.state import PageRecord, ScopeRecord, ScopeState, evolve
 from retire_core.transitions import Stage
 from retire_core.txn import PageDict, Txn
@@ -45,11 +47,12 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
     if (
         not ended
         and all(r.version >= epoch for r in rec.participants.values())
-        and all(held and v >= epoch for v, held in kinds)
+        and all(v >= epoch for v, _ in kinds)
     ):
         # Nothing of this scope is obsolete (no retired version has a participant or a page)
-        # and every page of it is held: the full pass below would unhold, free and forget
-        # nothing, in any state. Skip it, and leave the page map unthawed.
+        # and every page of it is the current version's, held or in the engine's cache: the
+        # full pass below would unhold, free and forget nothing, in any state. Skip it, and
+        # leave the page map unthawed.
         txn.clean[scope] = (rec, pages, changes)
         return
     drained: dict[int, bool] = {}  # ``rec.drained(v)``, asked once per version
@@ -71,7 +74,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
                 done = drained[v] = rec.drained(v)
             if done:
                 txn.record_page("unhold", _RECLAIM, scope, v, p, _UNHELD)
-                if page.pinned or (finished and v == epoch and _inheritable(page)):
+                if page.pinned or (finished and v == epoch and inheritable(page)):
                     # pinned: the successor's; a finished version's completed page: back to
                     # the engine's cache, where a later revision may still have it certified
                     txn.pages[p] = evolve(page, held=False)
@@ -84,7 +87,11 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
                 freed.append(p)
                 txn.record_page("free", _RECLAIM, scope, v, p)
                 continue
-        if not page.held and not page.pinned and not (finished and page.version == epoch):
+        if (
+            not page.held
+            and not page.pinned
+            and (page.version != epoch or (ended and not finished))
+        ):
             del txn.pages[p]
             freed.append(p)
             txn.record_page("free", _RECLAIM, scope, page.version, p)
@@ -97,7 +104,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
     _forget_drained_versions(txn, scope, rec, live, drained)
 
 
-def _inheritable(page: PageRecord) -> bool:
+def inheritable(page: PageRecord) -> bool:
     """A completed page holding a block of its version's context (one a successor could have
     certified)."""
     return page.full and page.prefix is not None
@@ -109,10 +116,11 @@ def _nothing_drained(
     """Would RECLAIM's full pass find nothing to do, without reading a page? True when every
     page is held (nothing to free) and no retired version has drained (nothing to unhold or
     forget): a fence in progress, its receipts still due. ``drained`` gets what it learns."""
-    if not all(held for _, held in kinds):
-        return False
     ended = rec.state in _ENDED
     epoch = rec.epoch
+    # an unheld page of a live scope's current version is in the engine's cache: nothing to do
+    if not all(held or (v == epoch and not ended) for v, held in kinds):
+        return False
     retired = {v for v, _ in kinds if ended or v < epoch}
     retired.update(r.version for r in rec.participants.values() if ended or r.version < epoch)
     for v in retired:
@@ -145,3 +153,17 @@ def _forget_drained_versions(
     txn.scopes[scope] = evolve(rec, participants=participants)
     for v in gone:
         txn.ledger.append((scope, v))
+
+
+def free_current(txn: Txn, scope: ScopeId, pages: Iterable[PageId]) -> None:
+    """Free unheld, unpinned ``pages`` of ``scope``'s current version: a preempted version's,
+    which its next run computes again (RECLAIM keeps the current version's unheld pages, as the
+    engine's cache does)."""
+    freed = sorted(pages)
+    view = txn.rpages
+    for p in freed:
+        page = view[p]
+        del txn.pages[p]
+        txn.record_page("free", _RECLAIM, scope, page.version, p)
+    if freed:
+        txn.emit(Free(tuple(freed)))

@@ -5,7 +5,7 @@ they may lead.
 ``handlers``) and the states the scope may be in after it (``None``: the record is dropped, the
 id is unknown again). ``None`` as the key's state stands for a scope that has not been submitted
 yet. Events that name only a page (``DraftsVerified``, ``WriterClosed``, ``PageReused``,
-``PageEvicted``) are keyed on
+``PageEvicted``, ``PageUnreferenced``) are keyed on
 the state of the page's owner and are legal in every state of it. ``machine.dispatch`` is the
 only reader that runs handlers: it looks the pair up, runs the entry's handler and refuses (as a
 ``TableViolationError``, discarding the step) a handler that leaves its scope in a state the
@@ -42,6 +42,7 @@ from retire_core.events import (
     PageAllocated,
     PageEvicted,
     PageReused,
+    PageUnreferenced,
     ParticipantStarted,
     Pause,
     Receipt,
@@ -169,6 +170,8 @@ TABLE = Table(
         **_each(ALL, WriterClosed, h.on_writer_closed, _ALIGNED),
         **_each(ALL, PageReused, h.on_page_reused),
         **_each(ALL, PageEvicted, h.on_page_evicted),
+        # legal in every state: one of a version without authority is late (logged, no change)
+        **_each(ALL, PageUnreferenced, h.on_page_unreferenced),
     }
 )
 

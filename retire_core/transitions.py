@@ -5,7 +5,8 @@ the spec action it implements (``publish``, ``certify``, ``adopt``, ``free`` ...
 that changes no abstract state but is still worth a log line (``fence`` asks the engine to stop
 retired work; ``late_report`` ignores a byte check for a superseded successor, ``late_finish`` a
 finish report for a version that no longer holds authority, ``late_preempt`` a preemption report for
-one, ``stale_verify`` a verification of drafts that a page no longer holds: repeated, or after its
+one, ``late_unreference`` a report that the engine stopped referencing one of its pages,
+``stale_verify`` a verification of drafts that a page no longer holds: repeated, or after its
 writer closed). Each transition becomes exactly one structlog event, and the same records drive the
 refinement check and trace validation. The table of which events each scope state accepts lives in
 ``table``.
@@ -31,7 +32,9 @@ class Stage(enum.Enum):
     CONTROL = "control"
 
 
-STUTTERS = frozenset({"fence", "late_report", "late_finish", "late_preempt", "stale_verify"})
+STUTTERS = frozenset(
+    {"fence", "late_report", "late_finish", "late_preempt", "late_unreference", "stale_verify"}
+)
 
 
 class Transition(NamedTuple):

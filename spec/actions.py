@@ -282,6 +282,28 @@ def preempt_effect(I: Interp, st: SpecState, s: Val) -> dict[str, Val]:
     }
 
 
+def unreference_guard(I: Interp, st: SpecState, p: Val) -> Val:
+    """The engine no longer references page ``p`` from any participant of its version, which
+    still runs (vLLM's sliding window passed the block: no layer reads it again, and vLLM gives
+    the block back to its pool). Only a completed page whose writer has closed, of the admitted
+    current version of an active or paused scope; the engine vouches that no rank reads or
+    writes it any more, as its receipts do for a whole version."""
+    s = I.get(st["page_owner"], p)
+    return I.and_(
+        I.get(st["page_alloc"], p),
+        I.get(st["page_held"], p),
+        I.not_(I.get(st["page_writer"], p)),
+        I.get(st["page_full"], p),
+        _current_and_admitted(I, st, s, I.get(st["page_over"], p)),
+    )
+
+
+def unreference_effect(I: Interp, st: SpecState, p: Val) -> dict[str, Val]:
+    """The page loses its execution reference (the engine's cache keeps it; a revision may still
+    certify it, the engine may evict it). ``coordinated_closure`` holds by the engine's word."""
+    return {"page_held": I.store(st["page_held"], p, I.lit(False))}
+
+
 def receipt_guard(I: Interp, st: SpecState, q: Val) -> Val:
     return _running(I, st, q)
 
@@ -682,6 +704,7 @@ ACTIONS: tuple[Action, ...] = (
     _a("receipt", "engine", "q:Part", receipt_guard, receipt_effect),
     _a("finish", "engine", "s:Scope", finish_guard, finish_effect),
     _a("preempt", "engine", "s:Scope", preempt_guard, preempt_effect),
+    _a("unreference", "engine", "p:Page", unreference_guard, unreference_effect),
     _a("emit", "engine", "f:Frame q:Part k:FrameKind", emit_guard, emit_effect),
     _a("allocate", "engine", "p:Page q:Part i:Pos", allocate_guard, allocate_effect),
     _a("write", "engine", "p:Page q:Part done:Bool", write_guard, write_effect),

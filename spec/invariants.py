@@ -250,7 +250,8 @@ INVARIANTS: tuple[Invariant, ...] = (
         "coordinated_closure",
         "No page loses its execution reference (a page is freed, given back to the engine's "
         "cache, evicted or reallocated only after that) while any participant of its version, "
-        "on any rank, has not delivered its receipt.",
+        "on any rank, has not delivered its receipt (or, for one completed page, reported that "
+        "none of them references it any more: a sliding window passed it).",
         _coordinated_closure,
     ),
     Invariant(

@@ -57,7 +57,9 @@ def retired_state_isolation(I: Interp, st: SpecState, p: Val, q: Val) -> Val:
 def coordinated_closure(I: Interp, st: SpecState, p: Val) -> Val:
     """Issue 17: page ``p`` may lose its execution reference (and so be freed, given back to
     the engine's cache, evicted or allocated to another owner) only once every participant of
-    its version, on every rank, has delivered its receipt: none of them is still running."""
+    its version, on every rank, has delivered its receipt: none of them is still running. (The
+    engine's ``unreference`` of one completed page is its word that no participant reads or
+    writes that page any more, the same guarantee for one page: that action needs no receipt.)"""
     return version_closed(I, st, I.get(st["page_owner"], p), I.get(st["page_over"], p))
 
 

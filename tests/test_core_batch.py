@@ -469,11 +469,12 @@ def test_reclaim_memo_sees_writes_made_through_the_page_map() -> None:
     txn.pages[1] = evolve(page, digest="other")
     reclaim.reclaim(txn, "s")
     assert not txn.commands
-    # ... a write that unholds a page does not: the page must be freed.
-    txn.pages[2] = evolve(txn.pages[2], held=False)
+    # ... a write that makes a page obsolete (a mutant's relabel to an older version, drained:
+    # it has no participant) does not: the page must be unheld and freed.
+    txn.pages[2] = evolve(txn.pages[2], version=-1)
     reclaim.reclaim(txn, "s")
     assert txn.commands == [rc.Free((2,))]
-    assert [t.action for t in txn.transitions] == ["free"]
+    assert [t.action for t in txn.transitions] == ["unhold", "free"]
 
 
 def test_batched_prefill_closures_match_one_by_one() -> None:

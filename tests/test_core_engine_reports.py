@@ -557,3 +557,44 @@ def test_a_drained_version_is_forgotten_only_once_its_last_page_is_gone() -> Non
     # the closed page is incomplete: nothing to certify, the successor starts cold
     assert core.handle(rc.WriterClosed(7, "d7")) == [rc.Admit("s", 1, 0, True), rc.Free((7,))]
     assert dict(core.state.scopes["s"].participants) == {} and core.state.ledger == (("s", 0),)
+
+
+def test_a_page_the_engine_stopped_referencing_goes_to_the_cache_and_is_still_inherited() -> None:
+    """``PageUnreferenced`` (a sliding window passed the block): refused, changing nothing, for
+    a page whose writer is open, one not referenced any more and one never allocated; for a
+    completed, writer-closed page of the running version it drops the reference and gives the
+    page back to the engine's cache, where it stays while the version runs (RECLAIM does not free
+    it), a revision certifies and adopts it, and an eviction would forget it; a report for a
+    superseded version's page is ``late_unreference`` and changes nothing."""
+    core = _written(rc.Retire())
+    for page, error in ((8, rc.PageInUseError), (9, rc.UnknownPageError)):
+        before = core.state
+        with pytest.raises(error, match=f"PageUnreferenced for page {page}"):
+            core.handle(rc.PageUnreferenced(page))
+        assert core.state is before
+    assert core.handle(rc.PageUnreferenced(7)) == [rc.ReleaseToCache((7,))]
+    assert _transitions(core) == [("unreference", "s", 0, {"held": False})]
+    assert not core.state.pages[7].held and not core.state.pages[7].pinned
+    before = core.state
+    with pytest.raises(rc.PageInUseError, match="which is not referenced"):
+        core.handle(rc.PageUnreferenced(7))  # twice
+    assert core.state is before
+    core.handle(rc.WriterClosed(8, "d8"))  # RECLAIM runs: page 7 stays in the cache
+    assert 7 in core.state.pages and not core.state.pages[7].held
+    # a revision sharing the first block certifies the cached page; the receipt frees page 8
+    commands = core.handle(rc.Supersede("s", (1, 5)))
+    (certificate,) = [c.certificate for c in commands if isinstance(c, rc.PinCertified)]
+    assert certificate.pages == (7,) and core.state.pages[7].pinned
+    assert core.handle(rc.Receipt("s", 0, "a")) == [rc.Free((8,))]
+    commands = core.handle(rc.AdoptionReport("s", 1, (rc.PageDigest(7, "d7"),)))
+    assert rc.Adopt("s", 1, (7,)) in commands and core.state.pages[7].held
+    # the successor's participant runs; a report about the old version's page comes late
+    core.handle(rc.ParticipantStarted("s", 1, "b"))
+    core.handle(rc.PageAllocated("s", 1, "b", 9, 1))
+    core.handle(rc.WriteAttempted("s", 1, "b", 9, True))
+    core.handle(rc.WriterClosed(9, "d9"))
+    core.handle(rc.Supersede("s", (6,)))  # nothing shared: "b" is fenced, its pages held
+    before = core.state
+    assert core.handle(rc.PageUnreferenced(9)) == []
+    assert _transitions(core) == [("late_unreference", "s", 1, {})]
+    assert core.state.pages[9] == before.pages[9] and core.state.pages[9].held

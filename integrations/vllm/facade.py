@@ -37,6 +37,7 @@ from retire_core import (
     FrameKind,
     PageEvicted,
     PageReused,
+    PageUnreferenced,
     Pause,
     Publish,
     Retire,
@@ -557,6 +558,7 @@ class RetireEngine:
             self._check_prefix_hit(req, ids, start)
         if events:
             commands = self.retire.handle_batch(events)  # raises (and changes nothing) if bad
+            self.stats.window_pages_passed += sum(1 for e in events if type(e) is PageUnreferenced)
             for req, bid, idx, group in allocations:
                 self._retain(req, bid, idx, group)
             self.commands.run(commands)

@@ -109,6 +109,7 @@ class Stats:
     uncertified_hashes_evicted: int = 0
     pages_reused: int = 0
     cached_pages_evicted: int = 0
+    window_pages_passed: int = 0  # pages a sliding window passed (``PageUnreferenced``)
     preemptions: int = 0
 
 

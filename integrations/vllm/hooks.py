@@ -299,6 +299,13 @@ HOOKS: Final[tuple[Hook, ...]] = (
     ),
     Hook(_STM, "FullAttentionManager", _M, use="(a) append-only lists (APPEND_ONLY_MANAGERS)"),
     Hook(_STM, "SlidingWindowManager", _M, use="(a) append-only lists (APPEND_ONLY_MANAGERS)"),
+    Hook(
+        _STM,
+        "SlidingWindowManager.remove_skipped_blocks",
+        _C,
+        ("request_id", "processed_computed_tokens"),
+        "(a) a passed block becomes the null block: PageUnreferenced (observe.schedule_events)",
+    ),
     # --- KV cache groups: which blocks before a cut a successor reads (contract kv_windows) ---
     Hook(_SPEC, "KVCacheConfig.kv_cache_groups", _F, use="groups"),
     Hook(_SPEC, "KVCacheConfig.prefix_cache_retention_interval", _F, use="groups: dense"),

@@ -145,6 +145,16 @@ def append_only_groups(kvm: Any) -> tuple[bool, ...]:
     )
 
 
+def sliding_window_groups(kvm: Any) -> tuple[int, ...]:
+    """The KV cache groups whose manager is a ``SlidingWindowManager``: it replaces the blocks
+    its window passed by the null block, in place, and frees them."""
+    return tuple(
+        g
+        for g, m in enumerate(kvm.coordinator.single_type_managers)
+        if type(m).__name__ == "SlidingWindowManager"
+    )
+
+
 def manager_block_tables(kvm: Any, request_id: str) -> list[list[int]]:
     """The request's block table in every KV cache group (``kvm.get_block_ids(request_id)``),
     read straight from each group's per-request block list instead of through a

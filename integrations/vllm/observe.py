@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from retire_core import DraftsVerified, Event, PageAllocated, WriteAttempted
+from retire_core import DraftsVerified, Event, PageAllocated, PageUnreferenced, WriteAttempted
 from retire_core.handoff import required_slots
 
 from . import introspect as ix
@@ -55,10 +55,14 @@ class BlockTables:
     """A request's block table in every KV cache group as vLLM holds it: each group manager's
     own list of blocks, held by reference (never copied), and how many of its entries had been
     read when the request was last scheduled. A step then reads only what vLLM appended since
-    (``schedule_events``): a long context costs nothing per step."""
+    (``schedule_events``): a long context costs nothing per step. For a sliding-window group,
+    also the block ids as they were read (``ids``: vLLM puts its null block in place of a block
+    its window passed) and how many leading entries are null already (``passed``)."""
 
     lists: list[list[Any]] = attrs.field(factory=list)
     seen: list[int] = attrs.field(factory=list)
+    ids: dict[int, list[int]] = attrs.field(factory=dict)
+    passed: dict[int, int] = attrs.field(factory=dict)
 
     def pages(self, null: int) -> set[int]:
         """The blocks in the tables (the null block is no page)."""
@@ -103,8 +107,11 @@ def schedule_events(
     the blocks it writes drafts into (complete only if ``verify_drafts`` says so after the
     commit). Every KV cache group is read: a position's block in each group is a page of that
     group, and the null block a sliding-window group puts where its window has passed is no page.
-    Updates each request's ``tables`` and ``scheduled``. Raises if vLLM hands a request a block
-    that is still retained for another.
+    A block of the request's own (``pages``, or adopted) that its window passed since the last
+    schedule is a ``PageUnreferenced``, first among the events: vLLM dropped it from the table and
+    freed its reference, having processed and committed every token that reads it
+    (``SlidingWindowManager.remove_skipped_blocks``). Updates each request's ``tables`` and
+    ``scheduled``. Raises if vLLM hands a request a block that is still retained for another.
 
     A request's blocks are reported once, when they first appear in its tables. In a group
     whose manager only appends to the list it read last time (``ix.APPEND_ONLY_MANAGERS``) they
@@ -120,6 +127,8 @@ def schedule_events(
     kvm = scheduler.kv_cache_manager
     null = ix.null_block_id(kvm)
     append_only = ix.append_only_groups(kvm)
+    sliding = ix.sliding_window_groups(kvm)
+    passed: list[Event] = []
     requests = scheduler.requests
     spec_tokens: Mapping[str, Sequence[int]] = scheduler_output.scheduled_spec_decode_tokens
     for rid, n in scheduler_output.num_scheduled_tokens.items():
@@ -138,6 +147,8 @@ def schedule_events(
             first_time.append((req, [[b.block_id for b in blocks] for blocks in lists], start))
         held = req.tables
         known: set[int] | None = None
+        for group in sliding:
+            passed.extend(_passed(req, held, group, lists[group], null))
         for group, blocks in enumerate(lists):
             skip: set[int] | None = None
             if append_only[group] and group < len(held.lists) and blocks is held.lists[group]:
@@ -168,7 +179,33 @@ def schedule_events(
                 writes.append((req, bid, idx, completes and not draft))
                 if draft:
                     drafts.append(DraftWrite(rid, request, bid, idx))
-    return events, allocations, writes, first_time, drafts
+    return passed + events, allocations, writes, first_time, drafts
+
+
+def _passed(
+    req: Managed, held: BlockTables, group: int, blocks: list[Any], null: int
+) -> list[Event]:
+    """``PageUnreferenced`` for each of the request's pages that vLLM replaced by its null block
+    in sliding-window ``group`` since the last schedule (a block's index in the list is its
+    position, whether vLLM kept the list or made it anew), and ``held``'s record of that group's
+    block ids brought up to date. O(the step's passed and new blocks)."""
+    out: list[Event] = []
+    ids = held.ids.setdefault(group, [])
+    i, end = held.passed.get(group, 0), min(len(ids), len(blocks))
+    mine: set[int] | None = None
+    while i < end and blocks[i].block_id == null:
+        bid = ids[i]
+        if bid != null:
+            if mine is None:
+                mine = set(req.pages) | table_pages(req.adopted, null)
+            if bid in mine:
+                out.append(PageUnreferenced(bid))
+        i += 1
+    ids.extend(b.block_id for b in blocks[len(ids) :])
+    while i < len(ids) and ids[i] == null:  # null on arrival (a prefix hit before the window)
+        i += 1
+    held.passed[group] = i
+    return out
 
 
 def ends_by_length(request: Any) -> bool:

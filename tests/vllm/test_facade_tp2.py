@@ -81,14 +81,19 @@ def test_tp2_receipts_from_every_rank() -> None:
 
 def test_tp2_with_two_kv_cache_groups() -> None:
     """The hybrid model over two ranks: the revision adopts both groups' slots, and each rank's
-    receipt digests every page the retired version holds -- the sliding-window blocks its window
-    had passed (gone from vLLM's block table, still retained) included."""
+    receipt digests every page the retired version still references. The sliding-window blocks
+    its window had passed are not among them: vLLM dropped them from the table, Retire gave them
+    back to vLLM's cache then (``PageUnreferenced``), and the revision certified two of them
+    from there."""
     r = _scenario("hybrid")
     print(f"\n[tp2 hybrid] {r}")
     assert r["windows"] == [2, 0]
     assert r["rank_receipts"] == [[0, 1], [0, 1]]
     assert len(r["v0_pages"]) == 20  # 10 blocks of the prompt in each group
-    assert r["v0_rank_digest_blocks"] == [r["v0_pages"], r["v0_pages"]]
+    # pages 1-10 are the sliding group's (allocated first), 11-20 the full group's; after 311
+    # tokens the window (63 tokens) holds sliding blocks 7-9: blocks 0-6 were passed
+    still = r["v0_pages"][7:]
+    assert r["v0_rank_digest_blocks"] == [still, still]
     assert r["adopted"] == 6
     assert r["slots"] == sorted([[1, i] for i in range(6)] + [[0, 4], [0, 5]])
     assert r["v1_ok"], r["v1_problems"]

@@ -13,6 +13,7 @@ are refused before attaching.
 
 from __future__ import annotations
 
+import json
 import random
 import types
 from collections.abc import Iterator
@@ -120,6 +121,34 @@ def test_revisions_adopt_each_groups_required_pages(
             if cut:
                 assert verdict.kv_matches_reference is True, scope  # both groups' bytes compared
         assert len(facade.retire.state.pages) > 0  # the last versions' pages, until close
+
+
+def test_the_blocks_a_sliding_window_passed_go_back_to_vllm(
+    engine: Any, hybrid_checker: Checker, tmp_path: Path
+) -> None:
+    """A long generation of the hybrid model under Retire: each block of the sliding-window
+    group that the window passed is reported (``PageUnreferenced``) and given back to vLLM's
+    pool (cached, not retained), as stock vLLM frees it, so the group holds about its window,
+    not the whole context; the output still equals the clean reference and the core's log
+    validates (at close). Before, every passed block stayed retained until the version ended."""
+    prompt = tokens(random.Random(23), 300)
+    with attached(engine, log_path=tmp_path / "core.jsonl") as facade:
+        facade.submit("w", prompt, DEFAULT_CONTRACT, 150)
+        retained: list[int] = []
+        while facade.has_unfinished():
+            facade.step()
+            refs = facade.pages.values()
+            retained.append(sum(1 for r in refs if r.scope == "w" and r.group == 0))
+        full = [r for r in facade.pages.values() if r.scope == "w" and r.group == 1]
+        hybrid_checker.references([(prompt, 150)])
+        verdict = hybrid_checker.verify(facade, "w")
+        assert verdict.ok, verdict.problems
+    lines = [json.loads(line) for line in (tmp_path / "core.jsonl").read_text().splitlines()]
+    passed = {d["page"] for d in lines if d.get("transition") == "unreference"}
+    blocks = -(-(300 + 150) // BS)  # 15 positions in each group
+    assert max(retained[1:]) <= WINDOWS[0] + 1, retained  # the window, and the block it fills
+    assert len(passed) >= blocks - WINDOWS[0] - 1, sorted(passed)
+    assert not full or len(full) == blocks  # the full-attention group keeps every block
 
 
 class TablesAudit:

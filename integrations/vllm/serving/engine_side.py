@@ -22,8 +22,9 @@ the commands it got back. Observation -> event:
   with its version, put under its admission's cache salt, held until the ``Admit`` if that has
   not come) and, admitted, is added (``on_add_request``) -> ``ParticipantStarted`` for the
   request (and each TP rank).
-* after ``Scheduler.schedule``: new block ids -> ``PageAllocated``; the blocks the step writes ->
-  ``WriteAttempted`` (the write gate).
+* after ``Scheduler.schedule``: a block of a request's own that its sliding window passed ->
+  ``PageUnreferenced`` (the page goes back to vLLM's cache); new block ids -> ``PageAllocated``;
+  the blocks the step writes -> ``WriteAttempted`` (the write gate).
 * before the commit: one ``COMMIT`` frame per scheduled request (the commit gate).
 * after the commit: blocks the step filled -> ``WriterClosed(digest)`` (the digests the workers
   took within the step, ``step_digests``, else read now; a block past the version's context also
@@ -65,6 +66,7 @@ from retire_core import (
     FrameKind,
     PageEvicted,
     PageReused,
+    PageUnreferenced,
     ParticipantStarted,
     Retire,
     RetireError,
@@ -488,6 +490,9 @@ class EngineSide:
         if not events:
             return
         commands = self.decide(events)
+        passed = sum(1 for e in events if type(e) is PageUnreferenced)
+        if passed:
+            self.count("window_blocks_passed", passed)
         for req, bid, idx, group in allocations:
             self.ledger.retain(bid, req.scope, req.version, req.rid, idx, req.salt, group)
             req.pages.append(bid)

@@ -57,8 +57,13 @@ class _Snapshot:
         )
         yield counter(
             "retire_blocks_released_to_cache",
-            "blocks of finished versions given back to vLLM's prefix cache",
+            "blocks given back to vLLM's prefix cache (finished versions', passed windows')",
             "blocks_released_to_cache",
+        )
+        yield counter(
+            "retire_window_blocks_passed",
+            "blocks of running versions a sliding window passed (given back to the cache)",
+            "window_blocks_passed",
         )
         yield counter(
             "retire_cached_blocks_evicted",
