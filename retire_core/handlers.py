@@ -236,11 +236,12 @@ def on_version_finished(txn: Txn, ev: VersionFinished) -> None:
 
 def on_version_preempted(txn: Txn, ev: VersionPreempted) -> None:
     """The engine preempted the current version's work and dropped its references to the
-    version's pages: they lose their execution reference (RECLAIM frees them), the version keeps
-    its authority and runs again as new participants. Legal once every participant of the
-    version has delivered its receipt (at least one started) and every writer of its pages has
-    closed: the engine vouches that nothing of it reads or writes them any more. A report for a
-    version without authority changes nothing (late: its pages are reclaimed as usual)."""
+    version's pages: they lose their execution reference and are freed (with those of them the
+    engine's cache kept), the version keeps its authority and runs again as new participants.
+    Legal once every participant of the version has delivered its receipt (at least one started)
+    and every writer of its pages has closed: the engine vouches that nothing of it reads or
+    writes them any more. A report for a version without authority changes nothing (late: its
+    pages are reclaimed as usual)."""
     rec = txn.scopes[ev.scope]
     if _late_report(txn, rec, ev, "late_preempt"):
         return
@@ -268,7 +269,10 @@ def on_version_preempted(txn: Txn, ev: VersionPreempted) -> None:
     for p in mine:
         txn.pages[p] = evolve(view[p], held=False)
     txn.record("preempt", Stage.RECLAIM, ev.scope, version, pages=len(mine))
-    reclaim.free_current(txn, ev.scope, mine)
+    # and the pages of it the engine's cache kept (a sliding window passed them): the version's
+    # next run computes everything again, so no prefix of this run stays to be hit
+    of_version = [p for p in txn.owned_pages(ev.scope) if view[p].version == version]
+    reclaim.free_current(txn, ev.scope, of_version)
     reclaim.reclaim(txn, ev.scope)
 
 

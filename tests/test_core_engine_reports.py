@@ -598,3 +598,16 @@ def test_a_page_the_engine_stopped_referencing_goes_to_the_cache_and_is_still_in
     assert core.handle(rc.PageUnreferenced(9)) == []
     assert _transitions(core) == [("late_unreference", "s", 1, {})]
     assert core.state.pages[9] == before.pages[9] and core.state.pages[9].held
+
+
+def test_a_preemption_frees_the_pages_of_the_version_the_engine_cache_kept_too() -> None:
+    """A preempted version computes everything again (its prefix hashes are evicted), so the
+    pages of it a sliding window passed, which the engine's cache kept, are freed with the
+    others: nothing of the run stays tracked for a prefix no one will hit."""
+    core = _written(rc.Retire())
+    assert core.handle(rc.PageUnreferenced(7)) == [rc.ReleaseToCache((7,))]
+    core.handle(rc.WriterClosed(8, "d8"))
+    core.handle(rc.Receipt("s", 0, "a"))
+    assert core.handle(rc.VersionPreempted("s", 0)) == [rc.Free((7, 8))]
+    assert [t.action for t in core.last_transitions] == ["preempt", "free", "free"]
+    assert not core.state.pages and core.state.scopes["s"].state is ScopeState.ACTIVE
