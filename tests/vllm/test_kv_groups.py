@@ -318,3 +318,44 @@ def test_groups_retire_cannot_certify_are_refused() -> None:
     for message, config in refused.items():
         with pytest.raises(IntegrationError, match=message):
             kv_windows(config, BS)
+
+
+@pytest.fixture(scope="module")
+def small_engine() -> Iterator[Any]:
+    yield from module_engine(num_blocks=40, model=_hybrid(), max_model_len=512)
+
+
+def test_preempted_hybrid_scopes_run_again_with_their_passed_blocks_freed(
+    small_engine: Any, hybrid_checker: Checker, tmp_path: Path
+) -> None:
+    """Five scopes of the hybrid model through a 40-block pool (150 prompt tokens and 120 out:
+    9 positions each, so 45 full-attention blocks and a few sliding-window ones at the end):
+    sliding windows pass blocks back to the cache, vLLM preempts some requests, each preemption
+    frees the version's pages with those the cache kept (its next run evicts the prefix hashes of
+    the run before), so after every step each page the core keeps in the cache is still a block
+    vLLM's prefix cache holds; every scope ends with the text its prompt gives alone, the core log
+    validates at close and nothing leaks."""
+    rng = random.Random(29)
+    prompts = [tokens(rng, 150) for _ in range(5)]
+    with attached(small_engine, log_path=tmp_path / "core.jsonl") as facade:
+        for i, prompt in enumerate(prompts):
+            facade.submit(f"p{i}", prompt, DEFAULT_CONTRACT, 120)
+        ended: set[str] = set()
+        for _ in range(2_000):
+            if not facade.has_unfinished():
+                break
+            facade.step()
+            pool = facade.pool.blocks
+            for page, rec in facade.retire.state.pages.items():
+                if not rec.held and not rec.pinned:  # in the engine's cache, for the core
+                    assert pool[page].block_hash is not None, f"page {page} is not cached"
+            for i in range(5):
+                if f"p{i}" not in ended and facade.version_record(f"p{i}").finished_at is not None:
+                    facade.cancel(f"p{i}")
+                    ended.add(f"p{i}")
+        assert not facade.has_unfinished(), "stalled"
+        assert facade.stats.preemptions > 0 and facade.stats.window_pages_passed > 0
+        hybrid_checker.references([(p, 120) for p in prompts])
+        for i in range(5):
+            verdict = hybrid_checker.verify(facade, f"p{i}", 0)
+            assert verdict.ok, (i, verdict.problems)
