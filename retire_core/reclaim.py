@@ -74,7 +74,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
                 done = drained[v] = rec.drained(v)
             if done:
                 txn.record_page("unhold", _RECLAIM, scope, v, p, _UNHELD)
-                if page.pinned or (finished and v == epoch and inheritable(page)):
+                if page.pinned or (finished and v == epoch and _inheritable(page)):
                     # pinned: the successor's; a finished version's completed page: back to
                     # the engine's cache, where a later revision may still have it certified
                     txn.pages[p] = evolve(page, held=False)
@@ -104,7 +104,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
     _forget_drained_versions(txn, scope, rec, live, drained)
 
 
-def inheritable(page: PageRecord) -> bool:
+def _inheritable(page: PageRecord) -> bool:
     """A completed page holding a block of its version's context (one a successor could have
     certified)."""
     return page.full and page.prefix is not None
@@ -114,8 +114,9 @@ def _nothing_drained(
     rec: ScopeRecord, kinds: Collection[tuple[int, bool]], drained: dict[int, bool]
 ) -> bool:
     """Would RECLAIM's full pass find nothing to do, without reading a page? True when every
-    page is held (nothing to free) and no retired version has drained (nothing to unhold or
-    forget): a fence in progress, its receipts still due. ``drained`` gets what it learns."""
+    page is held or a live scope's current version's in the engine's cache (nothing to free)
+    and no retired version has drained (nothing to unhold or forget): a fence in progress, its
+    receipts still due. ``drained`` gets what it learns."""
     ended = rec.state in _ENDED
     epoch = rec.epoch
     # an unheld page of a live scope's current version is in the engine's cache: nothing to do
