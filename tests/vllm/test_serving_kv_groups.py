@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from retire_bench.servers import ENGINE_OPTIONS, RetireServer
+from retire_bench.servers import ENGINE_OPTIONS, HTTP, RetireServer
 from retire_vllm.client import scoped, stamp
 from retire_vllm.default_model import ensure_default_model
 from tests.vllm.serving_support import (
@@ -119,6 +119,23 @@ def test_a_revision_of_a_streaming_version_adopts_both_groups(
     assert second.choices[0].text == _cold(client, model, revised, 12)
     stream.close()
     assert cancel(server, "hy-live").status_code == 200
+
+
+def test_the_blocks_a_window_passed_go_back_while_the_version_runs(
+    client: openai.OpenAI, server: RetireServer
+) -> None:
+    """A scoped completion of 300 prompt tokens and 100 out: once the prompt is processed, the
+    64-token window has passed at least 7 of the sliding group's blocks, and the engine side
+    reports each (``PageUnreferenced``, counted as ``window_blocks_passed``, on ``/metrics``
+    as ``retire_window_blocks_passed_total``); nothing is left behind (the fixture)."""
+    before = server.leaks()["counters"].get("window_blocks_passed", 0)
+    done = complete(client, server.model, prompt(5, 300), 100, **scoped("hy-window"))
+    assert stamp(done) == ("hy-window", 0) and done.usage.completion_tokens == 100
+    passed = server.leaks()["counters"]["window_blocks_passed"] - before
+    assert passed >= (300 - 63) // BLOCK, passed
+    metrics = HTTP.get(f"{server.base}/metrics").text
+    assert f"retire_window_blocks_passed_total {float(before + passed)}" in metrics
+    assert cancel(server, "hy-window").status_code == 200
 
 
 def test_clients_that_leave_at_any_moment(client: openai.OpenAI, server: RetireServer) -> None:
