@@ -72,6 +72,7 @@ GROUPS = {
         "verify_drafts",
         "close_writer",
         "evict",
+        "unreference",
     },
     "faults": {"corrupt", "reuse_id"},
 }
@@ -93,7 +94,11 @@ COVERAGE: Counter[str] = Counter()
 #: draws preemptions (of 0-16: 0, 7 and 11 never preempt a current version; 1, 4, 6, 8, 9, 12,
 #: 14 and 16 miss an eviction or a generation change; of 2, 3, 5, 10, 13 and 15, 5 leaves two
 #: core mutants alive), 13 reaches every rare path and kills every core mutant it can reach.
-FUZZ_SEED = 13
+#: Since the ``pages`` group draws a sliding window passing a page (``unreference``), 13 never
+#: passes one; of 0-14, 3, 6, 8, 12 and 14 miss another rare path, and 1 reaches every rare path
+#: (``transition:unreference`` 13 times) and kills every core mutant it can reach, the two
+#: ``unreference_*`` among them.
+FUZZ_SEED = 1
 
 
 @seed(FUZZ_SEED)
@@ -107,7 +112,9 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.ls = Lockstep(Universe.of(BOUNDS), step_fn=type(self).step_fn)
         self.enabled: frozenset[str] = frozenset(CATEGORIES)
-        self.budget = Budget(faults=2, partial_writes=True, forget=True, drafts=True)
+        self.budget = Budget(
+            faults=2, partial_writes=True, forget=True, drafts=True, unreference=True
+        )
 
     @initialize(
         disabled=st.sets(st.sampled_from(("faults", "reports", "control"))),

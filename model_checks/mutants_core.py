@@ -599,7 +599,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "a page the engine stopped referencing keeps its reference: a sliding window passing "
         "frees nothing",
-        (_C["groups"],),
+        (_C["output"],),
         _handler(rc.PageUnreferenced, _unreference_ignored),
     ),
     Mutant(
@@ -608,7 +608,7 @@ CORE_MUTANTS: tuple[Mutant, ...] = (
         "core",
         "a report that the engine stopped referencing a page of a superseded version drops its "
         "reference while that version's participants may still run",
-        (_C["groups"],),
+        (_C["output"],),
         _handler(rc.PageUnreferenced, _unreference_late_too),
     ),
     Mutant(

@@ -62,6 +62,9 @@ RARE_PATHS = (
     # report of one
     "transition:preempt",
     "transition:late_preempt",
+    # a page a sliding window passed while its version runs, and a late report of one
+    "transition:unreference",
+    "transition:late_unreference",
 )
 
 
