@@ -259,8 +259,15 @@ FULL = Profile(
         ),
         _OUTPUT,
         # a version's output inherited with two participants: a name arriving while the other
-        # participant still writes, or after the revision, a fault
-        attrs.evolve(_OUTPUT, name="output-two", bounds=attrs.evolve(_OUTPUT.bounds, parts=2)),
+        # participant still writes, or after the revision, a fault (no page passed by a sliding
+        # window: ``output`` and ``groups``, two participants, have it, and here it would take
+        # 28,755 states to 122,211)
+        attrs.evolve(
+            _OUTPUT,
+            name="output-two",
+            bounds=attrs.evolve(_OUTPUT.bounds, parts=2),
+            budget=attrs.evolve(_OUTPUT.budget, unreference=False),
+        ),
         _GROUPS,
         # two KV cache groups over two blocks: full attention (two pages) and a one-block
         # sliding window (one page), so a cut of two blocks leaves the sliding group's first
