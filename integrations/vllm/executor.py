@@ -220,7 +220,8 @@ class CommandExecutor:
         ranks = [p for p in todo if p != me]
         if ranks:
             # every page the request holds: its block tables, and the pages of a sliding-window
-            # group its window has passed (vLLM dropped them from the table, the ledger keeps them)
+            # group its window passed since the last schedule (vLLM drops them from the table at
+            # a request's end too, before any schedule reports them; earlier ones went back)
             blocks = sorted(req.tables.pages(self.null_block) | set(req.pages))
             answers = observe.rank_receipts(self.model_executor, me, ranks, blocks)
             self.on_rank_receipts(req, answers)
