@@ -14,11 +14,10 @@ whenever a byte check failed with ``digest_mismatch`` (the set of candidate spec
 deduplicated). Each logged transition must be allowed by the spec's guard in at least one candidate
 state, every invariant must hold afterwards, and the logged fields the spec determines (generations,
 versions, the certified digest, inheritability) must agree with it, and an adopted page's reported
-digest must be the one its writer closed with; stutters (``fence``, ``late_report``,
-``late_finish``, ``late_preempt``, ``late_unreference``) must concern a version without authority,
-and a ``stale_verify`` a tracked page holding no drafts under an open writer. The first line at
-which no candidate survives is reported with the reason. What does not live here: the structlog
-configuration (the caller's) and the CLI (``cli_checks``).
+digest must be the one its writer closed with; stutters (the core's ``transitions.STUTTERS``)
+must concern a version without authority, and a ``stale_verify`` a tracked page holding no drafts
+under an open writer. The first line at which no candidate survives is reported with the reason.
+What does not live here: the structlog configuration (the caller's) and the CLI (``cli_checks``).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import attrs
 
 from retire_checks.abstraction import fast_canonical
 from retire_core.reasons import ReleaseReason
+from retire_core.transitions import STUTTERS
 from retire_spec.actions import ACTION_BY_NAME, ActionInstance
 from retire_spec.codegen import Compiler
 from retire_spec.expr import Concrete
@@ -55,9 +55,6 @@ from retire_spec.schema import (
 
 EVENT = "retire.transition"
 KINDS = {"token": FRAME_KINDS[0], "commit": FRAME_KINDS[1], "install": FRAME_KINDS[2]}
-STUTTERS = frozenset(
-    {"fence", "late_report", "late_finish", "late_preempt", "late_unreference", "stale_verify"}
-)
 KNOWN = frozenset(ACTION_BY_NAME) - {"emit", "corrupt"} | STUTTERS
 
 

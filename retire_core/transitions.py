@@ -32,6 +32,8 @@ class Stage(enum.Enum):
     CONTROL = "control"
 
 
+#: Transitions that change no spec state (a late report, a repeated fence, a stale verification):
+#: correspondence maps them to no spec action and trace validation checks only their premise.
 STUTTERS = frozenset(
     {"fence", "late_report", "late_finish", "late_preempt", "late_unreference", "stale_verify"}
 )
