@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from retire_bench.accounts import CPU_ROLES, engine_time, spent_since, tree_cpu_seconds
-from retire_bench.servers import HTTP, RetireServer, Server, StockServer, model_options
+from retire_bench.servers import (
+    HTTP,
+    RetireServer,
+    Server,
+    StockServer,
+    greedy_stream,
+    model_options,
+)
 from retire_vllm.client import scoped
 from retire_vllm.default_model import ensure_default_model
 
@@ -58,15 +65,7 @@ async def _round(
         stream = None
         try:
             async with asyncio.timeout(args.stream_timeout):
-                stream = await client.completions.create(
-                    model=server.model,
-                    prompt=tokens,
-                    max_tokens=args.output,
-                    temperature=0,
-                    stream=True,
-                    stream_options={"include_usage": True},
-                    extra_body={"ignore_eos": True, **body},
-                )
+                stream = await greedy_stream(client, server.model, tokens, args.output, body)
                 usage = None
                 text: list[str] = []
                 async for chunk in stream:

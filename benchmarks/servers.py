@@ -76,6 +76,23 @@ def _pool(model: str, blocks: int) -> list[str]:
     ]
 
 
+async def greedy_stream(
+    client: Any, model: str, prompt: list[int], max_tokens: int, body: dict[str, Any]
+) -> Any:
+    """A streamed greedy completion of exactly ``max_tokens`` tokens (EOS ignored), its usage in
+    the last chunk: the load the KV-pool benchmarks send through ``client`` (an
+    ``openai.AsyncOpenAI``). ``body``: more body fields (a scope's, ``return_token_ids``)."""
+    return await client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True, **body},
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

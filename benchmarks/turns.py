@@ -37,7 +37,7 @@ import openai
 from retire_vllm.client import each_chunk, scoped
 from retire_vllm.engine_config import BLOCK_SIZE
 
-from .servers import CLIENT_TIMEOUT_S, HTTP, Server, StockServer
+from .servers import CLIENT_TIMEOUT_S, HTTP, Server, StockServer, greedy_stream
 from .serving import client_cpus, place_apart, retire_server
 
 
@@ -56,15 +56,7 @@ async def _turn(
     c: openai.AsyncOpenAI, model: str, prompt: list[int], args: Any, body: dict[str, Any]
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    stream = await c.completions.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=args.output,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True, "return_token_ids": True, **body},
-    )
+    stream = await greedy_stream(c, model, prompt, args.output, {"return_token_ids": True, **body})
     first = float("nan")
     output: list[int] = []
     cached = None

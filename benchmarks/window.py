@@ -28,7 +28,14 @@ from typing import Any
 
 import httpx
 
-from retire_bench.servers import CLIENT_TIMEOUT_S, RetireServer, Server, StockServer, model_options
+from retire_bench.servers import (
+    CLIENT_TIMEOUT_S,
+    RetireServer,
+    Server,
+    StockServer,
+    greedy_stream,
+    model_options,
+)
 from retire_vllm.client import scoped
 
 
@@ -61,15 +68,7 @@ async def _round(server: Server, args: argparse.Namespace, scoped_streams: bool)
         prompt = [(j * 7919 + i) % 2000 + 1 for j in range(args.prompt)]
         extra: dict[str, Any] = scoped(f"window-{i}") if scoped_streams else {}
         tokens = 0
-        response = await client.completions.create(
-            model=server.model,
-            prompt=prompt,
-            max_tokens=args.output,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={**extra, "ignore_eos": True},
-        )
+        response = await greedy_stream(client, server.model, prompt, args.output, extra)
         async for chunk in response:
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
