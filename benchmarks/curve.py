@@ -232,7 +232,7 @@ def evaluate(
     from retire_bench.http_replay import run_http
     from retire_bench.reference import clean_reference
     from retire_bench.replay import FIRST_ID
-    from retire_bench.servers import RetireServer, StockServer
+    from retire_bench.servers import RetireServer, StockServer, ready_together
     from retire_vllm.default_model import VOCAB_SIZE, ensure_default_model
 
     t_all = time.perf_counter()
@@ -258,9 +258,10 @@ def evaluate(
     runs: dict[tuple[float, str], list[tuple[M.RunRecord, dict[str, Any], Any]]] = {}
     try:
         if "retire" in needs:
-            servers["retire"] = RetireServer(tmp / "retire", options=options)
+            servers["retire"] = RetireServer(tmp / "retire", options=options, wait=False)
         if "stock" in needs:
-            servers["stock"] = StockServer(tmp / "stock", model, options)
+            servers["stock"] = StockServer(tmp / "stock", model, options, wait=False)
+        ready_together(servers.values())
         for rep in range(config.reps):
             for scale in config.time_scales:
                 for arm in config.arms:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -178,7 +179,9 @@ def leak_problems(leaks: dict[str, Any]) -> dict[str, Any]:
 
 
 class Server:
-    def __init__(self, argv: list[str], tmp: Path, name: str) -> None:
+    def __init__(self, argv: list[str], tmp: Path, name: str, *, wait: bool = True) -> None:
+        """Start the server; ``wait``: return once it answers (else call ``wait_ready``, or
+        ``ready_together`` for several, whose start-ups then overlap)."""
         tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -196,8 +199,16 @@ class Server:
             # 3,500-token version; measured, and gone with the server in the client's session)
             process_group=0,
         )
-        self._wait_ready()
-        self.model = HTTP.get(f"{self.base}/v1/models").json()["data"][0]["id"]
+        self._model: str | None = None
+        if wait:
+            self.wait_ready()
+
+    @property
+    def model(self) -> str:
+        """The id of the model the server serves (known once it is ready)."""
+        if self._model is None:
+            raise RuntimeError(f"{self.log_path.stem} server not ready: call wait_ready first")
+        return self._model
 
     def openai(self, *, asynchronous: bool = False) -> Any:
         """An ``openai`` client of this server that never retries, bounded by
@@ -209,19 +220,22 @@ class Server:
             base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=CLIENT_TIMEOUT_S
         )
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited; log:\n{self.log_path.read_text()[-4000:]}")
-            try:
-                if HTTP.get(f"{self.base}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"server not ready; log:\n{self.log_path.read_text()[-4000:]}")
+    def wait_ready(self) -> None:
+        """Wait until ``/health`` answers and read the served model's id; a server that exits
+        or does not answer within ``READY_TIMEOUT_S`` is stopped and its log's tail raised."""
+        ready_together([self])
+
+    def _answers(self) -> bool:
+        """Is the server ready (then its model's id is read)? Raises if it exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server exited; log:\n{self.log_path.read_text()[-4000:]}")
+        try:
+            if HTTP.get(f"{self.base}/health", timeout=1.0).status_code == 200:
+                self._model = HTTP.get(f"{self.base}/v1/models").json()["data"][0]["id"]
+                return True
+        except httpx.HTTPError:
+            pass
+        return False
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -234,6 +248,28 @@ class Server:
         self._log.close()
 
 
+def ready_together(servers: Iterable[Server]) -> None:
+    """Wait for servers started with ``wait=False``: their start-ups (three processes each,
+    mostly importing vLLM and torch) overlap, about 47 s for two on this 2-core machine where
+    one after the other took 69-81 s. If one exits or is not ready within ``READY_TIMEOUT_S``,
+    every one is stopped and the failure raised with that server's log tail."""
+    started = list(servers)
+    pending = list(started)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    try:
+        while pending:
+            pending = [server for server in pending if not server._answers()]
+            if pending and time.monotonic() > deadline:
+                tail = pending[0].log_path.read_text()[-4000:]
+                raise RuntimeError(f"server not ready; log:\n{tail}")
+            if pending:
+                time.sleep(0.5)
+    except BaseException:
+        for server in started:
+            server.stop()
+        raise
+
+
 class RetireServer(Server):
     def __init__(
         self,
@@ -242,9 +278,10 @@ class RetireServer(Server):
         options: list[str] | None = None,
         *,
         log: bool = True,
+        wait: bool = True,
     ) -> None:
         """``options``: the engine options, in place of ``ENGINE_OPTIONS``; ``log``: write the
-        core's log (and validate it at ``close``)."""
+        core's log (and validate it at ``close``); ``wait`` as ``Server``'s."""
         self.core_log: Path | None = tmp / "retire-core.jsonl" if log else None
         argv = [RETIRE, "serve", *(ENGINE_OPTIONS if options is None else options)]
         given = [*argv, *(extra or [])]
@@ -252,7 +289,7 @@ class RetireServer(Server):
         self.dp = int(given[given.index(flag) + 1]) if flag in given else 1
         if self.core_log is not None:
             argv += ["--retire-log", str(self.core_log)]
-        super().__init__([*argv, *(extra or [])], tmp, "retire")
+        super().__init__([*argv, *(extra or [])], tmp, "retire", wait=wait)
 
     def leaks(self) -> dict[str, Any]:
         answer: dict[str, Any] = HTTP.get(f"{self.base}/v1/retire/leaks").json()
@@ -307,9 +344,11 @@ class RetireServer(Server):
 
 
 class StockServer(Server):
-    def __init__(self, tmp: Path, model: str, options: list[str] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, model: str, options: list[str] | None = None, *, wait: bool = True
+    ) -> None:
         """``options``: every engine option (``--model`` too), in place of ``model`` with
-        ``model_options``."""
+        ``model_options``; ``wait`` as ``Server``'s."""
         entry = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
         argv = options if options is not None else ["--model", model, *model_options(model, 1024)]
-        super().__init__([*entry, *argv], tmp, "stock")
+        super().__init__([*entry, *argv], tmp, "stock", wait=wait)

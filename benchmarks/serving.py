@@ -62,7 +62,14 @@ from retire_vllm.client import each_chunk, read_stream, scoped
 from retire_vllm.serving import wire
 
 from .accounts import CPU_ROLES, engine_share, engine_time, spent_since, tree_cpu_seconds
-from .servers import CLIENT_TIMEOUT_S, RetireServer, Server, StockServer, model_options
+from .servers import (
+    CLIENT_TIMEOUT_S,
+    RetireServer,
+    Server,
+    StockServer,
+    model_options,
+    ready_together,
+)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -374,6 +381,13 @@ def client_cpus(placement: dict[str, list[int]] | None) -> None:
         os.sched_setaffinity(0, placement["client"])
 
 
+def default_model(size: str) -> str:
+    """The path of the locally built default model of ``size`` (built if absent)."""
+    from retire_vllm.default_model import ensure_default_model
+
+    return str(ensure_default_model(size=size))
+
+
 def retire_server(
     tmp: Path,
     model_size: str,
@@ -381,19 +395,19 @@ def retire_server(
     log: bool = True,
     step_digests: str = "on",
     open_socket: str = "on",
+    wait: bool = True,
 ) -> RetireServer:
     """``retire serve`` with a locally built model (``tiny``: the embedded default) and the same
     engine options stock vLLM's server gets for it (``model_options``): left to its defaults,
     ``retire serve`` would run the default model without vLLM's stats logging, which stock's
     server does."""
-    from retire_vllm.default_model import ensure_default_model
-
-    model = str(ensure_default_model(size=model_size))
+    model = default_model(model_size)
     return RetireServer(
         tmp,
         ["--retire-step-digests", step_digests, "--retire-open-socket", open_socket],
         options=[model, *model_options(model, 1024)],
         log=log,
+        wait=wait,
     )
 
 
@@ -408,7 +422,11 @@ def run_revisions(args: Any) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
     servers = {
         "": retire_server(
-            tmp / "retire-nolog", args.model_size, log=False, step_digests=args.step_digests
+            tmp / "retire-nolog",
+            args.model_size,
+            log=False,
+            step_digests=args.step_digests,
+            wait=False,
         ),
         "_between_steps": retire_server(
             tmp / "retire-between-steps",
@@ -416,8 +434,10 @@ def run_revisions(args: Any) -> dict[str, Any]:
             log=False,
             step_digests=args.step_digests,
             open_socket="off",
+            wait=False,
         ),
     }
+    ready_together(servers.values())
     client_cpus(placement)
     report: dict[str, Any] = {
         "command": _command(args),
@@ -445,11 +465,18 @@ def run_revisions(args: Any) -> dict[str, Any]:
 def run(args: Any) -> dict[str, Any]:
     placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-serving-bench-"))
-    retire = retire_server(tmp / "retire", args.model_size, step_digests=args.step_digests)
-    quiet = retire_server(
-        tmp / "retire-nolog", args.model_size, log=False, step_digests=args.step_digests
+    retire = retire_server(
+        tmp / "retire", args.model_size, step_digests=args.step_digests, wait=False
     )
-    stock = StockServer(tmp / "stock", retire.model)
+    quiet = retire_server(
+        tmp / "retire-nolog",
+        args.model_size,
+        log=False,
+        step_digests=args.step_digests,
+        wait=False,
+    )
+    stock = StockServer(tmp / "stock", default_model(args.model_size), wait=False)
+    ready_together((retire, quiet, stock))
     client_cpus(placement)
     try:
         by: dict[str, list[dict[str, Any]]] = {"stock": [], "retire": [], "retire_nolog": []}

@@ -1,8 +1,9 @@
 """The servers this package's tests share: one ``retire serve`` and, for comparisons, one stock
-vLLM server (same model and engine settings), started as real processes on 127.0.0.1 when a test
-first asks for them and stopped after the package's last test. The ``client`` fixture checks
-after every test that nothing is left on the server (and releases a failed test's scopes);
-closing ``retire_server`` validates its whole core log against the spec."""
+vLLM server (same model and engine settings), started as real processes on 127.0.0.1 before the
+package's first test (together, their start-ups overlapping; stock's only when a selected test
+compares with it) and stopped after its last. The ``client`` fixture checks after every test that
+nothing is left on the server (and releases a failed test's scopes); closing ``retire_server``
+validates its whole core log against the spec."""
 
 from __future__ import annotations
 
@@ -11,28 +12,39 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from retire_bench.servers import RetireServer, StockServer
+from retire_bench.servers import RetireServer, StockServer, ready_together
+from retire_vllm.default_model import ensure_default_model
 
 
 @pytest.fixture(scope="package")
-def retire_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetireServer]:
-    server = RetireServer(tmp_path_factory.mktemp("retire-serve"))
+def servers(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[RetireServer, StockServer | None]]:
+    retire = RetireServer(tmp_path_factory.mktemp("retire-serve"), wait=False)
+    stock = None
+    if any("stock_server" in item.fixturenames for item in request.session.items):
+        model = str(ensure_default_model())
+        stock = StockServer(tmp_path_factory.mktemp("stock-serve"), model, wait=False)
+    ready_together([retire] if stock is None else [retire, stock])
     try:
-        yield server
+        yield retire, stock
     finally:
-        verdict = server.close()
+        if stock is not None:
+            stock.stop()
+        verdict = retire.close()
     assert ": valid — " in verdict, verdict
 
 
 @pytest.fixture(scope="package")
-def stock_server(
-    tmp_path_factory: pytest.TempPathFactory, retire_server: RetireServer
-) -> Iterator[StockServer]:
-    server = StockServer(tmp_path_factory.mktemp("stock-serve"), retire_server.model)
-    try:
-        yield server
-    finally:
-        server.stop()
+def retire_server(servers: tuple[RetireServer, StockServer | None]) -> RetireServer:
+    return servers[0]
+
+
+@pytest.fixture(scope="package")
+def stock_server(servers: tuple[RetireServer, StockServer | None]) -> StockServer:
+    stock = servers[1]
+    assert stock is not None  # started whenever a selected test asks for it
+    return stock
 
 
 @pytest.fixture
