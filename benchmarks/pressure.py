@@ -43,6 +43,7 @@ from retire_bench.servers import (
     StockServer,
     greedy_stream,
     model_options,
+    ready_together,
 )
 from retire_vllm.client import scoped
 from retire_vllm.default_model import ensure_default_model
@@ -114,10 +115,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"starting stock and retire, each with a pool of {args.blocks} blocks ...", flush=True
         )
-        stock = StockServer(Path(tmp) / "stock", model, ["--model", model, *options])
+        stock = StockServer(Path(tmp) / "stock", model, ["--model", model, *options], wait=False)
         try:
-            retire = RetireServer(Path(tmp) / "retire", options=options, log=False)
+            retire = RetireServer(Path(tmp) / "retire", options=options, log=False, wait=False)
             try:
+                ready_together((stock, retire))
                 for streams in args.streams:
                     for rep in range(args.reps):
                         seed = streams * 1000 + rep
