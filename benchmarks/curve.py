@@ -246,8 +246,6 @@ def evaluate(
         for ev, v in zip(trace.events, version_numbers(trace), strict=True)
         if ev.max_new_tokens is not None
     }
-    log(f"clean reference: {len(prompts)} versions, cold, prefix caching off")
-    reference = clean_reference(prompts, max_tokens, model_path=model, engine_overrides=overrides)
     options = server_options(model, config.num_blocks, seqs)
     tmp = Path(tempfile.mkdtemp(prefix="retire-load-"))  # short: vLLM's IPC sockets live here
     needs = {HTTP_ARMS[a].server for a in config.arms if a in HTTP_ARMS}
@@ -261,6 +259,11 @@ def evaluate(
             servers["retire"] = RetireServer(tmp / "retire", options=options, wait=False)
         if "stock" in needs:
             servers["stock"] = StockServer(tmp / "stock", model, options, wait=False)
+        # the clean reference runs in this process while the servers start
+        log(f"clean reference: {len(prompts)} versions, cold, prefix caching off")
+        reference = clean_reference(
+            prompts, max_tokens, model_path=model, engine_overrides=overrides
+        )
         ready_together(servers.values())
         for rep in range(config.reps):
             for scale in config.time_scales:
