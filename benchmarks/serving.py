@@ -59,6 +59,7 @@ import httpx
 import openai
 
 from retire_vllm.client import each_chunk, read_stream, scoped
+from retire_vllm.default_model import ensure_default_model
 from retire_vllm.serving import wire
 
 from .accounts import CPU_ROLES, engine_share, engine_time, spent_since, tree_cpu_seconds
@@ -381,13 +382,6 @@ def client_cpus(placement: dict[str, list[int]] | None) -> None:
         os.sched_setaffinity(0, placement["client"])
 
 
-def default_model(size: str) -> str:
-    """The path of the locally built default model of ``size`` (built if absent)."""
-    from retire_vllm.default_model import ensure_default_model
-
-    return str(ensure_default_model(size=size))
-
-
 def retire_server(
     tmp: Path,
     model_size: str,
@@ -401,7 +395,7 @@ def retire_server(
     engine options stock vLLM's server gets for it (``model_options``): left to its defaults,
     ``retire serve`` would run the default model without vLLM's stats logging, which stock's
     server does."""
-    model = default_model(model_size)
+    model = str(ensure_default_model(size=model_size))
     return RetireServer(
         tmp,
         ["--retire-step-digests", step_digests, "--retire-open-socket", open_socket],
@@ -475,7 +469,7 @@ def run(args: Any) -> dict[str, Any]:
         step_digests=args.step_digests,
         wait=False,
     )
-    stock = StockServer(tmp / "stock", default_model(args.model_size), wait=False)
+    stock = StockServer(tmp / "stock", str(ensure_default_model(size=args.model_size)), wait=False)
     ready_together((retire, quiet, stock))
     client_cpus(placement)
     try:

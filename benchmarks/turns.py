@@ -35,10 +35,11 @@ from typing import Any
 import openai
 
 from retire_vllm.client import each_chunk, scoped
+from retire_vllm.default_model import ensure_default_model
 from retire_vllm.engine_config import BLOCK_SIZE
 
 from .servers import CLIENT_TIMEOUT_S, HTTP, Server, StockServer, greedy_stream, ready_together
-from .serving import client_cpus, default_model, place_apart, retire_server
+from .serving import client_cpus, place_apart, retire_server
 
 
 def fresh_tokens(seed: int, n: int) -> list[int]:
@@ -137,7 +138,7 @@ def run(args: Any, command: str) -> dict[str, Any]:
     placement = place_apart() if args.apart else None
     tmp = Path(tempfile.mkdtemp(prefix="retire-turns-bench-"))
     retire = retire_server(tmp / "retire", args.model_size, wait=False)
-    stock = StockServer(tmp / "stock", default_model(args.model_size), wait=False)
+    stock = StockServer(tmp / "stock", str(ensure_default_model(size=args.model_size)), wait=False)
     ready_together((retire, stock))
     client_cpus(placement)
     by: dict[str, list[list[dict[str, Any]]]] = {"stock": [], "retire": []}
