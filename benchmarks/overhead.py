@@ -176,11 +176,12 @@ def revision_cost(blocks: int, reps: int = 3) -> dict[str, Any]:
     writer-closed pages, half of them a prefix the successor shares: the ``Supersede`` (ALIGN
     certifies the shared half), the fenced request's two receipts (the last one unholds every
     page and frees the unshared half) and the adoption report. Milliseconds per phase, best of
-    ``reps`` runs from the same state. Every phase touches each page once (a transition per
-    page certified, unheld, freed or adopted), so these grow with the context. The same revision
-    with the core log on, as ``retire serve --retire-log`` writes it (``JsonLinesBuffer``, its
-    lines rendered at the end of each phase, as the engine side does at the end of each hook):
-    ``logged_ms`` and the lines it wrote, ``log_lines``."""
+    ``reps`` runs from the same state. Every phase touches each page once (certified, unheld,
+    freed or adopted), so these grow with the context; each operation is one transition over its
+    pages, so the log's lines do not. The same revision with the core log on, as ``retire serve
+    --retire-log`` writes it (``JsonLinesBuffer``, its lines rendered at the end of each phase,
+    as the engine side does at the end of each hook): ``logged_ms`` and the lines it wrote,
+    ``log_lines``."""
     out: dict[str, Any] = {"blocks": blocks, "shared_blocks": blocks // 2}
     out.update(_revision(blocks, reps, None))
     logged = _revision(blocks, reps, JsonLinesBuffer(io.StringIO()))

@@ -556,7 +556,8 @@ class Lockstep:
             return _REJECTED
         compiled = []
         launches = []
-        for t in result.transitions:
+        transitions = tuple(rc.per_page(result.transitions))  # the spec steps, page by page
+        for t in transitions:
             found = self._instance_of(t)
             if found is not None:
                 compiled.append(found)
@@ -582,7 +583,7 @@ class Lockstep:
                 event,
                 state,
                 result.commands,
-                result.transitions,
+                transitions,
                 self.uni.scope_slot,
                 books_of if memo is None else memo.books_of,
                 self.uni.kv_windows,
@@ -592,11 +593,11 @@ class Lockstep:
             raise RefinementError(
                 f"the engine cannot obey the commands: {err} (after {self._last()})"
             ) from err
-        wrong = misreported(event, result.transitions)
+        wrong = misreported(event, transitions)
         if wrong:
             raise RefinementError(f"{wrong} (after {self._last()})")
         steps = tuple([si for si, _ in compiled])
-        outcome = Outcome(result.commands, result.transitions, steps)
+        outcome = Outcome(result.commands, transitions, steps)
         return (state, outcome, tuple(launches), pins, tuple(compiled), ops)
 
     def _instance_of(self, t: rc.Transition) -> tuple[ActionInstance, Successor] | None:

@@ -2,7 +2,8 @@
 
 ``validate_lines`` (and ``validate_file``) read the JSON lines that ``retire_core.Retire`` writes
 through structlog (one object per transition: ``seq``, ``trigger``, ``transition``, ``stage``,
-``scope``, ``version`` and the transition's arguments) and replay them as spec actions. The universe
+``scope``, ``version`` and the transition's arguments) and replay them as spec actions, a
+transition over several pages (its ``pages`` list) as one spec step per page. The universe
 is sized from the trace itself (a first pass counts scopes, participants and pages; ids are mapped
 to slots on first sight), so traces of real engines with arbitrary ids and any number of versions
 are accepted; block keys, fingerprints and digests are interned to integers. What a log never shows
@@ -72,6 +73,8 @@ class TraceError(Exception):
 class Record:
     line: int  # 1-based line number in the input
     data: dict[str, Any]
+    # a line over several pages is read as one record per page: True on the last of them
+    last: bool = True
 
     def need(self, key: str) -> Any:
         if key not in self.data:
@@ -103,7 +106,31 @@ def read_records(lines: Iterable[str]) -> Iterator[Record]:
             raise TraceError(n, "not a JSON object")
         if data.get("event") != EVENT:
             continue
-        yield Record(n, data)
+        if "pages" in data:
+            yield from _per_page(n, data)
+        else:
+            yield Record(n, data)
+
+
+def _per_page(n: int, data: dict[str, Any]) -> Iterator[Record]:
+    """A transition over several pages (``retire_core.transitions.pages_transition``) as the
+    records of its per-page steps, in order: each with ``page`` and that page's entry of every
+    list-valued field (a ``null`` entry: the page has no such fact), the other fields as they
+    are (``retire_core.transitions.per_page``, for a log line)."""
+    pages = data["pages"]
+    if not isinstance(pages, list) or len(pages) < 2:
+        raise TraceError(n, "'pages' must list two or more page ids")
+    columns = {k: v for k, v in data.items() if isinstance(v, list) and k != "pages"}
+    for k, column in columns.items():
+        if len(column) != len(pages):
+            raise TraceError(n, f"{k!r} has {len(column)} entries for {len(pages)} pages")
+    common = {k: v for k, v in data.items() if k not in columns and k != "pages"}
+    for i, page in enumerate(pages):
+        each = dict(common, page=page)
+        for k, column in columns.items():
+            if column[i] is not None:
+                each[k] = column[i]
+        yield Record(n, each, i == len(pages) - 1)
 
 
 # --- interning ---------------------------------------------------------------------------------
@@ -251,7 +278,7 @@ class Validator:
             raise TraceError(r.line, f"unknown transition {t!r}")
         if t in STUTTERS:
             self._stutter(r, candidates)
-            self.transitions += 1
+            self.transitions += r.last
             return candidates
         insts = self._instances(r)
         if t in ("publish", "drop"):
@@ -270,7 +297,7 @@ class Validator:
         if not survivors:
             raise TraceError(r.line, why)
         self._record_facts(r, insts)
-        self.transitions += 1
+        self.transitions += r.last
         if len(survivors) == 1:  # the usual case: nothing to deduplicate
             return survivors
         unique: dict[SpecState, SpecState] = {}
@@ -523,8 +550,13 @@ def _segments(records: list[Record]) -> Iterator[list[Record]]:
     """Split on ``seq`` restarting at 1 (a new Retire instance); a gap in ``seq`` is an error."""
     current: list[Record] = []
     last: int | None = None
+    line = 0
     for r in records:
         seq = r.data.get("seq")
+        if r.line == line:  # another page of the line before: the same transition, same seq
+            current.append(r)
+            continue
+        line = r.line
         if isinstance(seq, int):
             if seq == 1 and current:
                 yield current

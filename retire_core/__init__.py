@@ -74,7 +74,7 @@ from retire_core.events import (
 from retire_core.machine import BatchStep, Step, step, step_many
 from retire_core.reasons import DropReason, FenceReason, ReleaseReason, UnpinReason
 from retire_core.state import CoreState, PageRecord, ParticipantRecord, ScopeRecord, ScopeState
-from retire_core.transitions import Stage, Transition
+from retire_core.transitions import Stage, Transition, per_page
 
 __all__ = [
     "COLD_CONTRACT",
@@ -147,6 +147,7 @@ __all__ = [
     "VersionPreempted",
     "WriteAttempted",
     "WriterClosed",
+    "per_page",
     "step",
     "step_many",
 ]

@@ -268,11 +268,11 @@ def on_version_preempted(txn: Txn, ev: VersionPreempted) -> None:
         )
     for p in mine:
         txn.pages[p] = evolve(view[p], held=False)
-    txn.record("preempt", Stage.RECLAIM, ev.scope, version, pages=len(mine))
+    txn.record("preempt", Stage.RECLAIM, ev.scope, version, unheld=len(mine))
     # and the pages of it the engine's cache kept (a sliding window passed them): the version's
     # next run computes everything again, so no prefix of this run stays to be hit
     of_version = [p for p in txn.owned_pages(ev.scope) if view[p].version == version]
-    reclaim.free_current(txn, ev.scope, of_version)
+    reclaim.free_current(txn, ev.scope, version, of_version)
     reclaim.reclaim(txn, ev.scope)
 
 

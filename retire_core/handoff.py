@@ -25,7 +25,7 @@ from retire_core.events import AdoptionReport
 from retire_core.ids import PageId, ScopeId
 from retire_core.reasons import ReleaseReason, UnpinReason
 from retire_core.state import PageRecord, ScopeRecord, ScopeState, evolve
-from retire_core.transitions import Stage
+from retire_core.transitions import Column, Stage
 from retire_core.txn import Txn
 
 _PINNED = (("pinned", True),)
@@ -148,33 +148,42 @@ def certify_prefix(txn: Txn, scope: ScopeId) -> None:
     for p, page in chain:
         assert page.digest is not None  # full and writer-closed pages carry their digest
         txn.pages[p] = evolve(page, pinned=True)
-        entry = CertEntry(
-            p,
-            page.position,
-            page.generation,
-            page.prefix or 0,
-            page.fingerprint,
-            page.digest,
-            page.group,
+        entries.append(
+            CertEntry(
+                p,
+                page.position,
+                page.generation,
+                page.prefix or 0,
+                page.fingerprint,
+                page.digest,
+                page.group,
+            )
         )
-        entries.append(entry)
-        facts: tuple[tuple[str, object], ...] = (
-            ("position", page.position),
-            ("generation", page.generation),
-            ("digest", page.digest),
-        )
-        txn.record_page(
-            "certify",
-            Stage.ALIGN,
-            scope,
-            rec.epoch,
-            p,
-            _PINNED,
-            facts + ((("group", page.group),) if page.group else ()),
-        )
+    txn.record_pages(
+        "certify",
+        Stage.ALIGN,
+        scope,
+        rec.epoch,
+        tuple(p for p, _ in chain),
+        _PINNED,
+        (
+            ("position", tuple(e.position for e in entries)),
+            ("generation", tuple(e.generation for e in entries)),
+            ("digest", tuple(e.digest for e in entries)),
+            *_groups(entries),
+        ),
+    )
     certificate = Certificate(scope, rec.epoch, tuple(entries))
     txn.scopes[scope] = evolve(rec, certificate=certificate)
     txn.emit(PinCertified(certificate))
+
+
+def _groups(entries: list[CertEntry]) -> tuple[Column, ...]:
+    """The ``group`` column of a transition over these pages, if one of them is not in group 0
+    (a page of group 0 has no ``group``)."""
+    if not any(e.group for e in entries):
+        return ()
+    return (("group", tuple(e.group or None for e in entries)),)
 
 
 def release_certificate(txn: Txn, scope: ScopeId, reason: UnpinReason) -> None:
@@ -223,43 +232,48 @@ def verify_adoption(txn: Txn, event: AdoptionReport) -> None:
     windows = rec.contract.kv_windows
     cut = best_cut(valid, windows, len(rec.context))
     kept = set(required_slots(windows, cut))
-    adopted: list[PageId] = []
-    released: list[PageId] = []
+    adopted: list[CertEntry] = []
+    released: list[CertEntry] = []
     for entry in certificate.entries:
         page = txn.pages.get(entry.page)
         if page is None:
             continue
         if (entry.group, entry.position) in kept:
             txn.pages[entry.page] = evolve(page, version=rec.epoch, held=True, pinned=False)
-            adopted.append(entry.page)
-            txn.record_page(
-                "adopt",
-                Stage.RESUME,
-                scope,
-                rec.epoch,
-                entry.page,
-                (("version", rec.epoch), ("held", True), ("pinned", False)),
-                # the bytes the engine reported: trace validation checks them against the
-                # digest the page's writer closed with, independently of this comparison
-                (("position", entry.position), ("digest", reported[entry.page]))
-                + ((("group", entry.group),) if entry.group else ()),
-            )
+            adopted.append(entry)
         elif page.pinned:
             txn.pages[entry.page] = evolve(page, pinned=False)
-            released.append(entry.page)
-            txn.record(
-                "release",
-                Stage.RESUME,
-                scope,
-                rec.epoch,
-                reason=failure,
-                changed={"pinned": False},
-                page=entry.page,
-                position=entry.position,
-                digest=reported[entry.page],
-            )
+            released.append(entry)
+    # the bytes the engine reported: trace validation checks an adopted page's against the
+    # digest its writer closed with, independently of the comparison above
+    txn.record_pages(
+        "adopt",
+        Stage.RESUME,
+        scope,
+        rec.epoch,
+        tuple(e.page for e in adopted),
+        (("version", rec.epoch), ("held", True), ("pinned", False)),
+        (
+            ("position", tuple(e.position for e in adopted)),
+            ("digest", tuple(reported[e.page] for e in adopted)),
+            *_groups(adopted),
+        ),
+    )
     if adopted:
-        txn.emit(Adopt(scope, rec.epoch, tuple(adopted)))
+        txn.emit(Adopt(scope, rec.epoch, tuple(e.page for e in adopted)))
+    txn.record_pages(
+        "release",
+        Stage.RESUME,
+        scope,
+        rec.epoch,
+        tuple(e.page for e in released),
+        (("pinned", False),),
+        (
+            ("position", tuple(e.position for e in released)),
+            ("digest", tuple(reported[e.page] for e in released)),
+        ),
+        failure,
+    )
     if released and failure is not None:  # a page is released only once a failure is found
-        txn.emit(Unpin(tuple(released), failure))
+        txn.emit(Unpin(tuple(e.page for e in released), failure))
     admit(txn, scope, cut, cold=False)

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable
 
 from retire_core.commands import Free, ReleaseToCache
 from retire_core.frozen import FrozenMap
-from retire_core.ids import PageId, ScopeId
+from retire_core.ids import PageId, ScopeId, Version
 from retire_core.state import PageRecord, ScopeRecord, ScopeState, evolve
 from retire_core.transitions import Stage
 from retire_core.txn import PageDict, Txn
@@ -59,7 +59,9 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
     if _nothing_drained(rec, kinds, drained):
         return
     finished = rec.state is _FINISHED
-    freed = []
+    # per version, in page order: the pages this pass unholds, and those it frees
+    unheld: dict[Version, list[PageId]] = {}
+    freed: dict[Version, list[PageId]] = {}
     cached: list[int] = []
     live: set[int] = set()  # the versions of the pages that stay
     # Each page is read once, from the view as it was before the pass (a page the pass has not
@@ -73,7 +75,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
             if done is None:
                 done = drained[v] = rec.drained(v)
             if done:
-                txn.record_page("unhold", _RECLAIM, scope, v, p, _UNHELD)
+                unheld.setdefault(v, []).append(p)
                 if page.pinned or (finished and v == epoch and _inheritable(page)):
                     # pinned: the successor's; a finished version's completed page: back to
                     # the engine's cache, where a later revision may still have it certified
@@ -84,8 +86,7 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
                     continue
                 # unheld and unpinned: freed right away (the unheld copy would never be read)
                 del txn.pages[p]
-                freed.append(p)
-                txn.record_page("free", _RECLAIM, scope, v, p)
+                freed.setdefault(v, []).append(p)
                 continue
         if (
             not page.held
@@ -93,12 +94,17 @@ def reclaim(txn: Txn, scope: ScopeId) -> None:
             and (page.version != epoch or (ended and not finished))
         ):
             del txn.pages[p]
-            freed.append(p)
-            txn.record_page("free", _RECLAIM, scope, page.version, p)
+            freed.setdefault(page.version, []).append(p)
             continue
         live.add(page.version)
+    # Every unhold before every free: a page is freed only once unheld, and the per-page steps
+    # of different pages commute (each touches its own page).
+    for v in sorted(unheld):
+        txn.record_pages("unhold", _RECLAIM, scope, v, tuple(unheld[v]), _UNHELD)
+    for v in sorted(freed):
+        txn.record_pages("free", _RECLAIM, scope, v, tuple(freed[v]))
     if freed:
-        txn.emit(Free(tuple(freed)))
+        txn.emit(Free(tuple(sorted(p for pages in freed.values() for p in pages))))
     if cached:
         txn.emit(ReleaseToCache(tuple(cached)))
     _forget_drained_versions(txn, scope, rec, live, drained)
@@ -156,15 +162,14 @@ def _forget_drained_versions(
         txn.ledger.append((scope, v))
 
 
-def free_current(txn: Txn, scope: ScopeId, pages: Iterable[PageId]) -> None:
+def free_current(txn: Txn, scope: ScopeId, version: Version, pages: Iterable[PageId]) -> None:
     """Free unheld, unpinned ``pages`` of ``scope``'s current version: a preempted version's,
     which its next run computes again (RECLAIM keeps the current version's unheld pages, as the
     engine's cache does)."""
-    freed = sorted(pages)
-    view = txn.rpages
+    freed = tuple(sorted(pages))
+    if not freed:
+        return
     for p in freed:
-        page = view[p]
         del txn.pages[p]
-        txn.record_page("free", _RECLAIM, scope, page.version, p)
-    if freed:
-        txn.emit(Free(tuple(freed)))
+    txn.record_pages("free", _RECLAIM, scope, version, freed)
+    txn.emit(Free(freed))

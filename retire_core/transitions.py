@@ -8,16 +8,20 @@ finish report for a version that no longer holds authority, ``late_preempt`` a p
 one, ``late_unreference`` a report that the engine stopped referencing one of its pages,
 ``stale_verify`` a verification of drafts that a page no longer holds: repeated, or after its
 writer closed). Each transition becomes exactly one structlog event, and the same records drive the
-refinement check and trace validation. The table of which events each scope state accepts lives in
-``table``.
+refinement check and trace validation. An operation of ALIGN, RESUME or RECLAIM on several pages at
+once (certify a prefix, adopt it, release, unhold or free pages) is one transition over all of them
+(``pages_transition``): a revision of a long context logs a few lines, not one per page, while
+``per_page`` gives the per-page spec steps it stands for, which the checks read. The table of which
+events each scope state accepts lives in ``table``.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from retire_core.ids import Version
+from retire_core.ids import PageId, Version
 
 
 class Stage(enum.Enum):
@@ -89,6 +93,48 @@ def transition(
     """The one builder of the core's transitions: ``Transition(...)`` without the named
     tuple's generated ``__new__`` (a Python function of its own, twice the cost)."""
     return _tuple_new(Transition, (action, stage, scope, version, args, changed, reason))
+
+
+#: A column of a transition over several pages: a fact's name and its value for each page, in the
+#: order of the pages (``None``: the page has no such fact, as a page of group 0 has no ``group``).
+Column = tuple[str, tuple[Any, ...]]
+
+
+def pages_transition(
+    action: str,
+    stage: Stage,
+    scope: str | None,
+    version: Version | None,
+    pages: tuple[PageId, ...],
+    columns: tuple[Column, ...] = (),
+    changed: tuple[tuple[str, Any], ...] = (),
+    reason: str | None = None,
+) -> Transition:
+    """The one transition of ``action`` on each of ``pages`` in turn (the same change, the same
+    reason): its arguments are ``pages`` and then the ``columns``. One page gives the per-page
+    transition itself (arguments ``page`` and that page's facts), as ``per_page`` would."""
+    if len(pages) == 1:
+        args = (("page", pages[0]), *((k, col[0]) for k, col in columns if col[0] is not None))
+        return _tuple_new(Transition, (action, stage, scope, version, args, changed, reason))
+    args = (("pages", pages), *columns)
+    return _tuple_new(Transition, (action, stage, scope, version, args, changed, reason))
+
+
+def per_page(transitions: Iterable[Transition]) -> Iterator[Transition]:
+    """Each transition as the spec steps it stands for: one over several pages (its first
+    argument ``pages``) as one transition per page, in order, with argument ``page`` and that
+    page's entry of each column; every other transition as it is."""
+    for t in transitions:
+        args = t.args
+        if not args or args[0][0] != "pages":
+            yield t
+            continue
+        columns = args[1:]
+        for i, page in enumerate(args[0][1]):
+            each = (("page", page), *((k, col[i]) for k, col in columns if col[i] is not None))
+            yield _tuple_new(
+                Transition, (t.action, t.stage, t.scope, t.version, each, t.changed, t.reason)
+            )
 
 
 #: Values a log line carries as they are (most of them: ids, positions, flags, digests).

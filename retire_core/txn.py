@@ -21,7 +21,7 @@ from retire_core.commands import Command
 from retire_core.frozen import FrozenMap, PageMap
 from retire_core.ids import PageId, ScopeId, Version
 from retire_core.state import CoreState, PageIndex, PageRecord, ScopeRecord
-from retire_core.transitions import Stage, Transition, transition
+from retire_core.transitions import Column, Stage, Transition, pages_transition, transition
 
 
 class PageDict:
@@ -328,6 +328,25 @@ class Txn:
         RECLAIM take one or two per page, so a revision of a long context takes thousands."""
         args = (("page", page), *more)
         self.transitions.append(transition(action, stage, scope, version, args, changed))
+
+    def record_pages(
+        self,
+        action: str,
+        stage: Stage,
+        scope: ScopeId,
+        version: Version,
+        pages: tuple[PageId, ...],
+        changed: tuple[tuple[str, Any], ...] = (),
+        columns: tuple[Column, ...] = (),
+        reason: str | None = None,
+    ) -> None:
+        """One transition of ``action`` on each of ``pages`` in turn (``pages_transition``;
+        nothing for no page): a revision certifies, adopts, unholds and frees thousands of
+        pages of a long context in a few transitions."""
+        if pages:
+            self.transitions.append(
+                pages_transition(action, stage, scope, version, pages, columns, changed, reason)
+            )
 
     def emit(self, command: Command) -> None:
         self.commands.append(command)

@@ -228,8 +228,11 @@ def test_core_overhead_driver_adopts_and_measures() -> None:
         r["total_ms"] > 0 and r["shared_blocks"] == r["blocks"] // 2 for r in doc["revision"]
     )
     assert "one revision of a scope holding  512 blocks" in overhead.table(doc)
-    # with the log on, a line per page certified, unheld, freed or adopted (half are shared)
-    assert all(r["logged_ms"] > 0 and r["log_lines"] >= 2.5 * r["blocks"] for r in doc["revision"])
+    # with the log on, a line per operation (certify, unhold, free, adopt ...), not per page
+    assert all(r["logged_ms"] > 0 for r in doc["revision"])
+    assert (
+        len({r["log_lines"] for r in doc["revision"]}) == 1 and doc["revision"][0]["log_lines"] < 20
+    )
     assert set(doc["revision_ms"]) == {"32", "512"} and doc["revision_ratio_2048_over_32"] is None
 
 

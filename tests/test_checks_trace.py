@@ -79,6 +79,11 @@ def _records(lines: list[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+def _pages(record: dict[str, Any]) -> list[Any]:
+    """The pages a line names: its ``page``, or its ``pages`` (a transition over several)."""
+    return list(record["pages"]) if "pages" in record else [record.get("page")]
+
+
 def _renumber(lines: list[str]) -> list[str]:
     out = []
     for n, line in enumerate(lines, 1):
@@ -160,9 +165,9 @@ def test_adoption_before_the_writer_closed_is_rejected() -> None:
     lines = scenario_trace()
     recs = _records(lines)
     adopt = next(i for i, d in enumerate(recs) if d["transition"] == "adopt")
-    page = recs[adopt]["page"]
+    page = _pages(recs[adopt])[0]
     certify = max(
-        i for i in range(adopt) if recs[i]["transition"] == "certify" and recs[i]["page"] == page
+        i for i in range(adopt) if recs[i]["transition"] == "certify" and page in _pages(recs[i])
     )
     close = max(
         i
@@ -225,6 +230,33 @@ def test_adoption_of_a_page_whose_reported_bytes_differ_is_rejected_at_that_line
         validate_lines([*lines[:adopt], json.dumps(altered), *lines[adopt + 1 :]])
     assert err.value.line == adopt + 1
     assert "a page whose bytes changed was adopted" in err.value.message
+
+
+def test_a_line_over_several_pages_is_checked_page_by_page() -> None:
+    """A transition over several pages is one line (``pages``, and a list per per-page fact)
+    that the validator replays as one spec step per page: the scenario's certification of two
+    pages is valid as logged; with its second page's digest forged, or a page certified twice,
+    it is rejected at that line, and lists that do not match the pages are malformed."""
+    lines = scenario_trace()
+    recs = _records(lines)
+    i = next(i for i, d in enumerate(recs) if d["transition"] == "certify" and "pages" in d)
+    first, second = recs[i]["pages"]
+    assert validate_lines(lines).transitions == len(lines)
+
+    def rejected(line: dict[str, Any]) -> str:
+        with pytest.raises(TraceError) as err:
+            validate_lines([*lines[:i], json.dumps(line), *lines[i + 1 :]])
+        assert err.value.line == i + 1
+        return err.value.message
+
+    forged = dict(recs[i], digest=[recs[i]["digest"][0], "not-the-closed-bytes"])
+    assert f"when page {second!r}'s writer closed" in rejected(forged)
+    twice = {k: v + v[-1:] if isinstance(v, list) else v for k, v in recs[i].items()}
+    assert twice["pages"] == [first, second, second]
+    assert "certify" in rejected(twice) and "the spec does not allow it" in rejected(twice)
+    short = dict(recs[i], position=recs[i]["position"][:1])
+    assert rejected(short) == "'position' has 1 entries for 2 pages"
+    assert "two or more page ids" in rejected(dict(recs[i], pages=[first]))
 
 
 def test_missing_lines_unknown_ids_and_garbage_are_rejected() -> None:

@@ -381,8 +381,7 @@ LOGGED = [
         None,
     ),
     ("receipt", "s", 0, {"participant": "a"}, {"closed": True}, None),
-    ("unhold", "s", 0, {"page": 7}, {"held": False}, None),
-    ("unhold", "s", 0, {"page": 8}, {"held": False}, None),
+    ("unhold", "s", 0, {"pages": (7, 8)}, {"held": False}, None),  # one transition, two pages
     ("free", "s", 0, {"page": 8}, {}, None),
     (
         "adopt",
@@ -609,5 +608,8 @@ def test_a_preemption_frees_the_pages_of_the_version_the_engine_cache_kept_too()
     core.handle(rc.WriterClosed(8, "d8"))
     core.handle(rc.Receipt("s", 0, "a"))
     assert core.handle(rc.VersionPreempted("s", 0)) == [rc.Free((7, 8))]
-    assert [t.action for t in core.last_transitions] == ["preempt", "free", "free"]
+    assert [(t.action, t.args) for t in core.last_transitions] == [
+        ("preempt", (("unheld", 1),)),
+        ("free", (("pages", (7, 8)),)),
+    ]
     assert not core.state.pages and core.state.scopes["s"].state is ScopeState.ACTIVE

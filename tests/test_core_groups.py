@@ -62,7 +62,7 @@ def _revise(core: rc.Retire) -> tuple[list[rc.Command], list[dict[str, object]]]
     """Version 1 shares three blocks with version 0, then the predecessor's receipt comes in:
     the commands of both steps, and the fields of the supersede's ``certify`` transitions."""
     out = core.handle(rc.Supersede("s", (1, 2, 3, 9), SLIDING))
-    certified = [dict(t.args) for t in core.last_transitions if t.action == "certify"]
+    certified = [dict(t.args) for t in rc.per_page(core.last_transitions) if t.action == "certify"]
     return out + core.handle(rc.Receipt("s", 0, "a")), certified
 
 
@@ -78,7 +78,7 @@ def test_align_certifies_the_full_prefix_and_only_the_sliding_window_before_the_
     (adopt,) = [c for c in out if isinstance(c, rc.Adopt)]
     assert adopt.pages == (0, 1, 11, 2, 12)
     assert rc.Admit("s", 1, 3, False) in out  # the cut in blocks, not the five pages
-    adopted = [dict(t.args) for t in core.last_transitions if t.action == "adopt"]
+    adopted = [dict(t.args) for t in rc.per_page(core.last_transitions) if t.action == "adopt"]
     assert [a.get("group", 0) for a in adopted] == [0, 0, 1, 0, 1]
 
 

@@ -147,3 +147,47 @@ def test_a_page_released_while_its_version_drains_is_left_as_it_was_before_the_p
     out = core.handle(rc.AdoptionReport("s", 1, (rc.PageDigest(7, "other"),)))
     assert rc.Unpin((7,), rc.ReleaseReason.DIGEST_MISMATCH) in out
     assert core.state.pages[7] == before  # unpinned, still the draining predecessor's
+
+
+def test_a_revision_logs_each_operation_on_many_pages_once() -> None:
+    """Certifying a prefix, adopting it, and unholding and freeing a retired version's pages
+    are one transition each over all their pages (``pages``, then one column per per-page
+    fact), not one per page: a revision of a long context logs a few lines. ``per_page`` gives
+    the per-page steps each stands for, which refinement and trace validation replay."""
+    core = rc.Retire()
+    context = (1, 2, 3, 4, 5, 6)
+    core.handle(rc.Submit("s", "t", "f", context))
+    core.handle(rc.ParticipantStarted("s", 0, "a"))
+    for page in range(6):
+        core.handle_batch(
+            [
+                rc.PageAllocated("s", 0, "a", page, page),
+                rc.WriteAttempted("s", 0, "a", page, True),
+                rc.WriterClosed(page, f"d{page}"),
+            ]
+        )
+    core.handle(rc.Supersede("s", (*context[:3], 9, 10)))
+    (certify,) = [t for t in core.last_transitions if t.action == "certify"]
+    assert certify.args == (
+        ("pages", (0, 1, 2)),
+        ("position", (0, 1, 2)),
+        ("generation", (1, 1, 1)),
+        ("digest", ("d0", "d1", "d2")),
+    )
+    assert [t.args for t in rc.per_page([certify])] == [
+        (("page", p), ("position", p), ("generation", 1), ("digest", f"d{p}")) for p in range(3)
+    ]
+    core.handle(rc.Receipt("s", 0, "a"))
+    reclaimed = [t for t in core.last_transitions if t.stage is rc.Stage.RECLAIM]
+    assert [(t.action, t.version, t.args, t.changed) for t in reclaimed] == [
+        ("unhold", 0, (("pages", (0, 1, 2, 3, 4, 5)),), (("held", False),)),
+        ("free", 0, (("pages", (3, 4, 5)),), ()),
+    ]
+    core.handle(rc.AdoptionReport("s", 1, tuple(rc.PageDigest(p, f"d{p}") for p in range(3))))
+    (adopt,) = [t.as_log() for t in core.last_transitions if t.action == "adopt"]
+    assert (adopt["pages"], adopt["position"], adopt["digest"]) == (
+        [0, 1, 2],
+        [0, 1, 2],
+        ["d0", "d1", "d2"],
+    )
+    assert adopt["changed"] == {"version": 1, "held": True, "pinned": False}

@@ -174,7 +174,7 @@ def _logged_turn(name: str) -> list[str]:
 def test_a_log_with_a_named_output_block_is_a_behaviour_of_the_spec() -> None:
     lines = _logged_turn("out-1")
     adopted = [r for r in map(json.loads, lines) if r["transition"] == "adopt"]
-    assert [r["page"] for r in adopted] == [7, 8]
+    assert [r["pages"] for r in adopted] == [[7, 8]]  # one transition over both pages
     assert validate_lines(lines).transitions == len(lines)
     # the validator holds the log to the spec: a close that claims the name was dropped, while
     # the version held authority over a completed block past its context, is refused
