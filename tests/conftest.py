@@ -1,8 +1,7 @@
 """Suite-wide rules: a run in which no test passed, or any test was skipped, fails; every
 ``RetireEngine`` a test builds keeps the core's log and has it validated (``core_logs``); under
-pytest-xdist (``make test`` runs ``-n auto``) the tests that drive vLLM run on one worker, one
-after another, while the other workers take the pure-Python checks (``VLLM_TESTS``) and then
-the vLLM tests that drive no server (``VLLM_LATE_TESTS``)."""
+pytest-xdist (``make test`` runs ``-n auto``) every test that drives vLLM runs on one worker, one
+after another, while the other workers take the pure-Python checks (``VLLM_TESTS``)."""
 
 from __future__ import annotations
 
@@ -43,41 +42,20 @@ VLLM_TESTS = (
     "tests/test_bench_vllm.py",
 )
 
-#: Among them, the tests whose engines are stepped by hand or run one experiment in a process
-#: of their own: nothing they check depends on timing, so they may share the cores with a
-#: server. They run, one after another, on whichever worker is free once the pure-Python checks
-#: are done: the vLLM worker is the run's critical path, and the other idled for its last third
-#: (a measured run, 2026-12-07: 1,355 s of vLLM tests against 880 s of the rest).
-VLLM_LATE_TESTS = (
-    "tests/vllm/test_default_model.py",
-    "tests/vllm/test_engine_experiments.py",
-    "tests/vllm/test_engines_in_one_process.py",
-    "tests/vllm/test_facade_handoff.py",
-    "tests/vllm/test_facade_isolation.py",
-    "tests/vllm/test_facade_preemption.py",
-    "tests/vllm/test_facade_speculative.py",
-    "tests/vllm/test_kv_groups.py",
-)
-
 
 @pytest.hookimpl(optionalhook=True)  # (only called with pytest-xdist)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's load-by-scope scheduler with one scope for the vLLM tests, one for the late ones
-    and one per test for the rest, handed out in collection order (the vLLM tests' scope first:
-    ``test_bench_arms`` is the first module; the late ones' last: ``tests/vllm`` comes after
-    every pure-Python module). (Its ``xdist_group`` marks cannot do this under pytest 9.2, whose
-    node ids xdist 3.8 no longer renames.)"""
+    """xdist's load-by-scope scheduler with one scope for every vLLM test (the largest, so it is
+    handed out first) and one per test for the rest. (Its ``xdist_group`` marks cannot do this
+    under pytest 9.2, whose node ids xdist 3.8 no longer renames.)"""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class VllmTestsTogether(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(VLLM_LATE_TESTS):
-                return "vllm-late"
             return "vllm" if nodeid.startswith(VLLM_TESTS) else nodeid
 
-    config.option.loadscopereorder = False  # collection order, not the largest scope first
     return VllmTestsTogether(config, log)
 
 
