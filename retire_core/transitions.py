@@ -113,10 +113,7 @@ def pages_transition(
     """The one transition of ``action`` on each of ``pages`` in turn (the same change, the same
     reason): its arguments are ``pages`` and then the ``columns``. One page gives the per-page
     transition itself (arguments ``page`` and that page's facts), as ``per_page`` would."""
-    if len(pages) == 1:
-        args = (("page", pages[0]), *((k, col[0]) for k, col in columns if col[0] is not None))
-        return _tuple_new(Transition, (action, stage, scope, version, args, changed, reason))
-    args = (("pages", pages), *columns)
+    args = _page_args(pages[0], columns, 0) if len(pages) == 1 else (("pages", pages), *columns)
     return _tuple_new(Transition, (action, stage, scope, version, args, changed, reason))
 
 
@@ -131,10 +128,15 @@ def per_page(transitions: Iterable[Transition]) -> Iterator[Transition]:
             continue
         columns = args[1:]
         for i, page in enumerate(args[0][1]):
-            each = (("page", page), *((k, col[i]) for k, col in columns if col[i] is not None))
+            each = _page_args(page, columns, i)
             yield _tuple_new(
                 Transition, (t.action, t.stage, t.scope, t.version, each, t.changed, t.reason)
             )
+
+
+def _page_args(page: PageId, columns: tuple[Column, ...], i: int) -> tuple[tuple[str, Any], ...]:
+    """The arguments of the per-page step of the ``i``-th page of a transition over several."""
+    return (("page", page), *((k, col[i]) for k, col in columns if col[i] is not None))
 
 
 #: Values a log line carries as they are (most of them: ids, positions, flags, digests).
