@@ -364,19 +364,22 @@ def non_vacuity(
     unsatisfiable one would make every initiation check unsat), and for every action its guard
     together with every property as induction hypothesis (a contradiction among them would
     make that action's consecution check unsat whatever the effect). Each check's status is
-    ``sat``, ``unsat`` or ``unknown``; only ``sat`` counts as non-vacuous. Quantifiers make Z3
-    answer ``unknown`` now and then (which depends on the order the constraints were built in);
-    such a query is asked again over a universe of two elements per sort, where the quantifiers
-    expand: a model there is a model (the sorts are uninterpreted), so its ``sat`` stands."""
+    ``sat``, ``unsat`` or ``unknown``; only ``sat`` counts as non-vacuous. Each query is asked
+    first over a universe of two elements per sort, where the quantifiers expand: a model there
+    is a model (the sorts are uninterpreted), so its ``sat`` stands, and Z3 finds it in
+    milliseconds where model finding with quantifiers takes seconds (about 0.5 s for all the
+    queries against about 35 s, 2026-12-07). Only a query with no model there is asked over the
+    unbounded sorts (a model may need more elements), and that answer stands."""
     out: list[Check] = []
     finite = FiniteSymbolic(FALLBACK_SIZES)
 
     def ask(name: str, build: Callable[[Symbolic], list[Any]]) -> None:
         t = time.perf_counter()
-        status, why = _satisfiable(build(Symbolic()), timeout_ms)
-        if status == "unknown":
-            status, finite_why = _satisfiable(build(finite), timeout_ms)
-            why = f"{why}; sat over two elements per sort" if status == "sat" else finite_why or why
+        status, why = _satisfiable(build(finite), timeout_ms)
+        if status == "sat":
+            why = "sat over two elements per sort"
+        else:
+            status, why = _satisfiable(build(Symbolic()), timeout_ms)
         out.append(Check(name, status, time.perf_counter() - t, why))
 
     ask("initial state", lambda I: [I.initial_constraint(I.symbolic_state("vac_init"))])

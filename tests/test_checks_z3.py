@@ -60,6 +60,37 @@ def test_an_unsatisfiable_guard_makes_the_proof_vacuous() -> None:
     ]
 
 
+def _three_pages(I: Any, st: object) -> object:
+    def distinct(a: object, b: object) -> object:
+        return I.not_(I.eq(a, b))
+
+    return I.exists(
+        "Page",
+        lambda a: I.exists(
+            "Page",
+            lambda b: I.exists(
+                "Page", lambda c: I.and_(distinct(a, b), distinct(a, c), distinct(b, c))
+            ),
+        ),
+    )
+
+
+def test_a_hypothesis_with_no_model_over_two_elements_is_asked_over_unbounded_sorts() -> None:
+    """The vacuity queries are asked over two elements per sort first (a model there is a model
+    of the unbounded sorts); one with no model there is not taken as unsatisfiable but asked
+    again over the unbounded sorts, whose answer stands."""
+    three = Invariant("three_pages", "three distinct pages exist", _three_pages)
+    publish = ACTION_BY_NAME["publish"]
+    small = proofs.non_vacuity([*INVARIANTS, *AUX], [publish], timeout_ms=30_000)
+    assert [c.detail for c in small] == ["sat over two elements per sort"] * 2
+    checks = proofs.non_vacuity([three], [publish], timeout_ms=30_000)
+    assert [(c.name, c.status) for c in checks] == [
+        ("initial state", "sat"),
+        ("hypotheses ∧ guard: publish", "sat"),
+    ]
+    assert "two elements" not in checks[1].detail  # a model with three pages: unbounded sorts
+
+
 def test_a_z3_timeout_does_not_kill_a_spec_mutant(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only a model (a counterexample to induction or a BMC trace) refutes a mutant's spec: when
     every query comes back unknown (as on a timeout), Z3 kills nothing and the spec mutant,
