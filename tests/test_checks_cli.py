@@ -95,6 +95,9 @@ def test_a_vacuous_proof_fails_the_check(
     report = json.loads(report_path.read_text(encoding="utf-8"))
     assert report["vacuity"] is False
     assert all(v == "proved" for v in report["z3"].values())
+    # everything else passed: the failure is the vacuity's alone
+    assert report["exhaustive"] and report["refinement"] and not report["missing_probes"]
+    assert all(report["invariants"].values()) and report["z3_bmc"]["status"] == "clean"
     assert code == 1 and "retire check --profile quick: FAILED" in out
 
 
