@@ -91,7 +91,7 @@ def _preempt_keeping_pages(txn: Any, ev: rc.VersionPreempted) -> None:
 def _unreference_ignored(txn: Any, ev: rc.PageUnreferenced) -> None:
     page = txn.rpages[ev.page]
     # logged, but the page keeps its reference: a sliding window passing frees nothing
-    txn.record_page("unreference", rc.Stage.RECLAIM, page.owner, page.version, ev.page)
+    txn.record("unreference", rc.Stage.RECLAIM, page.owner, page.version, page=ev.page)
 
 
 def _unreference_late_too(txn: Any, ev: rc.PageUnreferenced) -> None:
@@ -99,8 +99,13 @@ def _unreference_late_too(txn: Any, ev: rc.PageUnreferenced) -> None:
     if page.held and not page.writer_open and page.full:
         # a page of a superseded version whose participants may still run loses its reference
         txn.pages[ev.page] = evolve_record(page, held=False)
-        txn.record_page(
-            "unreference", rc.Stage.RECLAIM, page.owner, page.version, ev.page, (("held", False),)
+        txn.record(
+            "unreference",
+            rc.Stage.RECLAIM,
+            page.owner,
+            page.version,
+            changed={"held": False},
+            page=ev.page,
         )
         txn.emit(rc.ReleaseToCache((ev.page,)))
         _reclaim(txn, page.owner)
@@ -246,7 +251,9 @@ def _reclaim_one_receipt_short(txn: Any, scope: str) -> None:
             continue
         mine = [r for r in rec.participants.values() if r.version == page.version]
         if sum(not r.closed for r in mine) == 1:
-            txn.record_page("unhold", rc.Stage.RECLAIM, scope, page.version, p, (("held", False),))
+            txn.record(
+                "unhold", rc.Stage.RECLAIM, scope, page.version, changed={"held": False}, page=p
+            )
             txn.pages[p] = evolve_record(page, held=False)
     _reclaim(txn, scope)
 

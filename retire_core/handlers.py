@@ -627,7 +627,7 @@ def on_page_evicted(txn: Txn, ev: PageEvicted) -> None:
             "to the cache can be evicted"
         )
     del txn.pages[ev.page]
-    txn.record_page("evict", Stage.RECLAIM, page.owner, page.version, ev.page)
+    txn.record("evict", Stage.RECLAIM, page.owner, page.version, page=ev.page)
     reclaim.reclaim(txn, page.owner)
 
 
@@ -655,6 +655,8 @@ def on_page_unreferenced(txn: Txn, ev: PageUnreferenced) -> None:
         txn.record("late_unreference", Stage.RECLAIM, page.owner, page.version, page=p)
         return
     txn.pages[p] = evolve(page, held=False)
-    txn.record_page("unreference", Stage.RECLAIM, page.owner, page.version, p, (("held", False),))
+    txn.record(
+        "unreference", Stage.RECLAIM, page.owner, page.version, changed={"held": False}, page=p
+    )
     txn.emit(ReleaseToCache((p,)))
     reclaim.reclaim(txn, page.owner)

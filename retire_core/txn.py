@@ -313,22 +313,6 @@ class Txn:
             )
         )
 
-    def record_page(
-        self,
-        action: str,
-        stage: Stage,
-        scope: ScopeId,
-        version: Version,
-        page: PageId,
-        changed: tuple[tuple[str, Any], ...] = (),
-        more: tuple[tuple[str, Any], ...] = (),
-    ) -> None:
-        """``record(action, stage, scope, version, changed=dict(changed), page=page,
-        **dict(more))``, the same transition without building keyword dicts: ALIGN, RESUME and
-        RECLAIM take one or two per page, so a revision of a long context takes thousands."""
-        args = (("page", page), *more)
-        self.transitions.append(transition(action, stage, scope, version, args, changed))
-
     def record_pages(
         self,
         action: str,
@@ -342,7 +326,8 @@ class Txn:
     ) -> None:
         """One transition of ``action`` on each of ``pages`` in turn (``pages_transition``;
         nothing for no page): a revision certifies, adopts, unholds and frees thousands of
-        pages of a long context in a few transitions."""
+        pages of a long context in a few transitions. (A step on one page of its own, as an
+        eviction, is ``record(..., page=p)``.)"""
         if pages:
             self.transitions.append(
                 pages_transition(action, stage, scope, version, pages, columns, changed, reason)

@@ -654,20 +654,26 @@ def test_hand_built_and_unpickled_states_get_an_index() -> None:
     assert index_problems(pickle.loads(pickle.dumps(state))) == []
 
 
-def test_record_page_builds_the_transition_record_builds() -> None:
-    """``Txn.record_page`` (the per-page transitions of ALIGN, RESUME and RECLAIM) is
-    ``Txn.record`` without keyword dicts: the same transition, field for field."""
+def test_record_pages_over_one_page_builds_the_transition_record_builds() -> None:
+    """``Txn.record_pages`` over one page (ALIGN, RESUME and RECLAIM on a single page) is the
+    per-page transition ``Txn.record`` builds: the same transition, field for field."""
     from retire_core.transitions import Stage
     from retire_core.txn import Txn
 
     fast, slow = Txn(rc.CoreState()), Txn(rc.CoreState())
-    fast.record_page(
-        "certify", Stage.ALIGN, "s", 2, 7, (("pinned", True),), (("position", 3), ("digest", "d"))
+    fast.record_pages(
+        "certify",
+        Stage.ALIGN,
+        "s",
+        2,
+        (7,),
+        (("pinned", True),),
+        (("position", (3,)), ("digest", ("d",))),
     )
     slow.record(
         "certify", Stage.ALIGN, "s", 2, changed={"pinned": True}, page=7, position=3, digest="d"
     )
-    fast.record_page("free", Stage.RECLAIM, "s", 1, 9)
+    fast.record_pages("free", Stage.RECLAIM, "s", 1, (9,))
     slow.record("free", Stage.RECLAIM, "s", 1, page=9)
     assert fast.transitions == slow.transitions
     assert [t.as_log() for t in fast.transitions] == [t.as_log() for t in slow.transitions]
